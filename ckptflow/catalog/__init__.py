@@ -1,0 +1,43 @@
+"""The checkpoint catalog: what happened to every checkpoint and each of its copies.
+
+SQLModel tables in SQLite (WAL) or PostgreSQL, explicit state enums, and named transitions. This is
+the only package that writes catalog SQL; everything else calls :class:`Catalog`. The manifests on
+disk remain the truth: :func:`sync_from_root` rebuilds the catalog from them.
+"""
+
+from ckptflow.catalog.catalog import STAGED_EVENT, Catalog, NotFound
+from ckptflow.catalog.engine import normalize_url
+from ckptflow.catalog.models import (
+    LIVE_STATES,
+    TIERS,
+    CatalogEvent,
+    Checkpoint,
+    CheckpointState,
+    OutboxEvent,
+    Replica,
+    ReplicaState,
+    Run,
+)
+from ckptflow.catalog.sync import SyncReport, sync_from_root
+from ckptflow.catalog.transitions import CHECKPOINT_TRANSITIONS, REPLICA_TRANSITIONS, IllegalTransition
+
+__all__ = [
+    "CHECKPOINT_TRANSITIONS",
+    "LIVE_STATES",
+    "REPLICA_TRANSITIONS",
+    "STAGED_EVENT",
+    "TIERS",
+    "Catalog",
+    "CatalogEvent",
+    "Checkpoint",
+    "CheckpointState",
+    "IllegalTransition",
+    "NotFound",
+    "OutboxEvent",
+    "Replica",
+    "ReplicaState",
+    "Run",
+    "SyncReport",
+    "normalize_url",
+    "sync_from_root",
+]

@@ -1,0 +1,554 @@
+"""The catalog facade: the one place that writes catalog SQL, in short transactions.
+
+Every method is one transaction. Rows about to change are read with ``SELECT ... FOR UPDATE``
+(PostgreSQL; SQLite takes its database-wide write lock at ``BEGIN IMMEDIATE`` instead), so two
+processes transitioning the same row queue rather than overwrite each other. Returned rows are
+detached copies whose attributes stay readable after the session closes.
+
+The module-level helpers below work inside an open write session; :mod:`ckptflow.catalog.sync` uses
+them too, so both paths apply the same transitions and log the same events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, SQLModel, col, select
+
+from ckptflow.catalog.engine import CatalogEngine, dispose_engine, get_engine, normalize_url
+from ckptflow.catalog.models import (
+    LIVE_STATES,
+    TABLES,
+    TIERS,
+    CatalogEvent,
+    Checkpoint,
+    CheckpointState,
+    OutboxEvent,
+    Replica,
+    ReplicaState,
+    Run,
+    utcnow,
+)
+from ckptflow.catalog.transitions import (
+    check_checkpoint,
+    check_replica,
+    transition_checkpoint,
+    transition_replica,
+)
+from ckptflow.storage.manifest import finite_metrics
+
+STAGED_EVENT = "ckptflow.checkpoint.staged"
+_DDL_LOCK_KEY = 0x636B7074  # pg_advisory_xact_lock key: "ckpt"; serializes concurrent create_all
+
+
+class NotFound(LookupError):
+    """The catalog has no row for what was asked; the message names it."""
+
+
+# --- helpers inside an open write session -------------------------------------------------------
+
+
+def insert_ignore(session: Session, model: type[SQLModel], values: dict[str, Any], keys: list[str]) -> bool:
+    """Insert a row unless one with the same ``keys`` exists; True if this call inserted it.
+
+    Concurrent callers may race to create the same row (two ranks, a retried save): the database
+    decides, and nobody gets an IntegrityError.
+    """
+    table = model.__table__  # type: ignore[attr-defined]
+    dialect = session.get_bind().dialect.name
+    if dialect in ("sqlite", "postgresql"):
+        dml = sqlite_insert if dialect == "sqlite" else pg_insert
+        stmt = dml(table).values(**values).on_conflict_do_nothing(index_elements=keys)
+        return session.exec(stmt).rowcount == 1  # type: ignore[call-overload]
+    try:
+        with session.begin_nested():
+            session.exec(insert(table).values(**values))  # type: ignore[call-overload]
+    except IntegrityError:
+        return False
+    return True
+
+
+def log_event(session: Session, kind: str, run: str, step: int | None, now: datetime, **detail: Any) -> None:
+    """Append one row to the catalog's event log (in the caller's transaction)."""
+    session.add(CatalogEvent(at=now, run=run, step=step, kind=kind, detail=detail))
+
+
+def _locked(stmt: Any) -> Any:
+    # populate_existing: a row already in this session's identity map is re-read under the lock.
+    return stmt.with_for_update().execution_options(populate_existing=True)
+
+
+def get_or_create_checkpoint(
+    session: Session, run: str, step: int, save_id: str, *, world_size: int, now: datetime
+) -> tuple[Checkpoint, bool]:
+    """Lock the (run, step, save_id) row, creating it in ``writing`` if absent; (row, created)."""
+    values = Checkpoint(
+        run=run, step=step, save_id=save_id, world_size=world_size, created_at=now, updated_at=now
+    ).model_dump(exclude={"id"})
+    created = insert_ignore(session, Checkpoint, values, ["run", "step", "save_id"])
+    stmt = select(Checkpoint).where(
+        Checkpoint.run == run, Checkpoint.step == step, Checkpoint.save_id == save_id
+    )
+    return session.exec(_locked(stmt)).one(), created
+
+
+def lock_step(session: Session, run: str, step: int) -> Checkpoint:
+    """Lock the checkpoint a step-level call means: the live attempt, else the newest one."""
+    stmt = select(Checkpoint).where(Checkpoint.run == run, Checkpoint.step == step)
+    rows = list(session.exec(_locked(stmt.order_by(col(Checkpoint.id).desc()))))
+    if not rows:
+        raise NotFound(f"catalog has no checkpoint for run {run!r} step {step}")
+    live = [cp for cp in rows if cp.state in LIVE_STATES]
+    return live[0] if live else rows[0]
+
+
+def lock_replica(session: Session, checkpoint_id: int, tier: str) -> Replica | None:
+    stmt = select(Replica).where(Replica.checkpoint_id == checkpoint_id, Replica.tier == tier)
+    return session.exec(_locked(stmt)).first()
+
+
+def set_replica(
+    session: Session,
+    cp: Checkpoint,
+    tier: str,
+    state: ReplicaState,
+    *,
+    now: datetime,
+    uri: str | None = None,
+    bytes: int | None = None,
+    reason: str | None = None,
+) -> Replica:
+    """Create or transition ``cp``'s replica on ``tier`` (the checkpoint row must be locked).
+
+    Reporting the state a replica already has updates uri/bytes/reason; reporting ``ready`` again
+    also re-stamps ``verified_at`` (a scrub re-verified it).
+    """
+    if tier not in TIERS:
+        raise ValueError(f"replica tier {tier!r} is unknown; tiers are {', '.join(TIERS)}")
+    state = ReplicaState(state)
+    replica = lock_replica(session, cp.id, tier)  # type: ignore[arg-type]
+    if replica is None:
+        if uri is None:
+            raise ValueError(
+                f"the {tier} replica of run {cp.run!r} step {cp.step} is recorded for the first time: "
+                "pass its uri"
+            )
+        replica = Replica(
+            checkpoint_id=cp.id,
+            tier=tier,
+            uri=uri,
+            state=state,
+            bytes=bytes or 0,  # type: ignore[arg-type]
+            reason=reason,
+            updated_at=now,
+            verified_at=now if state == ReplicaState.READY else None,
+        )
+        session.add(replica)
+        session.flush()
+        log_event(
+            session,
+            f"replica.{state}",
+            cp.run,
+            cp.step,
+            now,
+            checkpoint_id=cp.id,
+            tier=tier,
+            replica_id=replica.id,
+            uri=uri,
+            reason=reason,
+            **{"from": None, "to": state},
+        )
+        return replica
+    before = (replica.state, replica.uri, replica.bytes, replica.reason)
+    changed = transition_replica(replica, state, now=now, reason=reason)
+    if not changed:
+        replica.reason = reason if reason is not None else replica.reason
+        if state == ReplicaState.READY:
+            replica.verified_at = now
+    replica.uri = uri if uri is not None else replica.uri
+    replica.bytes = bytes if bytes is not None else replica.bytes
+    if (replica.state, replica.uri, replica.bytes, replica.reason) != before or state == ReplicaState.READY:
+        replica.updated_at = now
+    if changed:
+        log_event(
+            session,
+            f"replica.{state}",
+            cp.run,
+            cp.step,
+            now,
+            checkpoint_id=cp.id,
+            tier=tier,
+            replica_id=replica.id,
+            uri=replica.uri,
+            reason=reason,
+            **{"from": before[0], "to": state},
+        )
+    return replica
+
+
+def supersede_live(session: Session, cp: Checkpoint, now: datetime) -> int:
+    """Retire other live attempts of ``cp``'s step before ``cp`` commits; returns how many.
+
+    A committed directory is never overwritten, so a second commit of a step means the first one's
+    directory was moved aside (quarantined) without the catalog hearing of it. That attempt is
+    corrupt, and its hot copy is gone from its uri (which now holds the new checkpoint).
+    """
+    stmt = select(Checkpoint).where(
+        Checkpoint.run == cp.run,
+        Checkpoint.step == cp.step,
+        Checkpoint.id != cp.id,
+        col(Checkpoint.state).in_(LIVE_STATES),
+    )
+    retired = 0
+    for old in session.exec(_locked(stmt)).all():
+        reason = f"superseded: step {cp.step} was committed again by save {cp.save_id!r}"
+        from_state = old.state
+        transition_checkpoint(old, CheckpointState.CORRUPT, now=now, reason=reason)
+        log_event(
+            session,
+            "checkpoint.corrupt",
+            old.run,
+            old.step,
+            now,
+            checkpoint_id=old.id,
+            save_id=old.save_id,
+            reason=reason,
+            **{"from": from_state, "to": old.state},
+        )
+        hot = lock_replica(session, old.id, "hot")  # type: ignore[arg-type]
+        if hot is not None and hot.state != ReplicaState.LOST and _legal(hot, ReplicaState.LOST):
+            set_replica(session, old, "hot", ReplicaState.LOST, now=now, reason=reason)
+        retired += 1
+    # Flush now: the unique index on live (run, step) must see the old row leave before cp arrives.
+    session.flush()
+    return retired
+
+
+def _legal(replica: Replica, to: ReplicaState) -> bool:
+    try:
+        check_replica(replica, to)
+    except ValueError:
+        return False
+    return True
+
+
+def commit_checkpoint(session: Session, cp: Checkpoint, created: bool, now: datetime, **fields: Any) -> int:
+    """Move a locked ``cp`` to committed with its manifest facts, logging one event.
+
+    Returns how many other attempts of the same step it superseded (see :func:`supersede_live`).
+    """
+    check_checkpoint(cp, CheckpointState.COMMITTED)  # before touching any other row
+    superseded = supersede_live(session, cp, now)
+    from_state = None if created else cp.state
+    transition_checkpoint(cp, CheckpointState.COMMITTED, now=now)
+    for name, value in fields.items():
+        setattr(cp, name, value)
+    log_event(
+        session,
+        "checkpoint.committed",
+        cp.run,
+        cp.step,
+        now,
+        checkpoint_id=cp.id,
+        save_id=cp.save_id,
+        manifest_checksum=cp.manifest_checksum,
+        **{"from": from_state, "to": cp.state},
+    )
+    return superseded
+
+
+# --- the facade ---------------------------------------------------------------------------------
+
+
+class Catalog:
+    """What happened to every checkpoint and every copy of it, in SQLite or PostgreSQL.
+
+    Safe to pass to other processes (it pickles as its URL); each process opens its own engine on
+    first use.
+    """
+
+    def __init__(self, url: str) -> None:
+        """Wrap an already normalized URL whose tables exist; use :meth:`open` otherwise."""
+        self.url = url
+
+    @classmethod
+    def open(cls, url: str) -> Catalog:
+        """Open (and create the tables of) the catalog at ``url``; ``ValueError`` for a bad URL."""
+        catalog = cls(normalize_url(url))
+        catalog._create_tables()
+        return catalog
+
+    def __reduce__(self) -> tuple[type[Catalog], tuple[str]]:
+        return (type(self), (self.url,))
+
+    def __repr__(self) -> str:
+        from sqlalchemy.engine import make_url
+
+        return f"Catalog({make_url(self.url).render_as_string(hide_password=True)!r})"
+
+    @property
+    def _engine(self) -> CatalogEngine:
+        return get_engine(self.url)
+
+    def _create_tables(self) -> None:
+        engine = self._engine
+        with engine.write.begin() as conn:
+            if engine.dialect == "postgresql":
+                # Ranks open the catalog at the same moment; without the lock two CREATE TABLEs race.
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
+            SQLModel.metadata.create_all(conn, tables=TABLES)
+
+    @contextmanager
+    def write_session(self) -> Iterator[Session]:
+        """One write transaction (committed on exit, rolled back on error); for catalog code only."""
+        with Session(self._engine.write, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def read_session(self) -> Iterator[Session]:
+        """A read-only snapshot; rows stay readable after it closes."""
+        with Session(self._engine.read, expire_on_commit=False) as session:
+            yield session
+
+    def dispose(self) -> None:
+        """Close this process's connections; the next call opens new ones."""
+        dispose_engine(self.url)
+
+    # --- writes ---
+
+    def ensure_run(self, run: str, root: str) -> None:
+        """Record the run and its hot root (updated, and logged, if the root moved)."""
+        now = utcnow()
+        with self.write_session() as session:
+            values = Run(name=run, root=root, created_at=now, updated_at=now).model_dump(exclude={"id"})
+            if insert_ignore(session, Run, values, ["name"]):
+                log_event(session, "run.created", run, None, now, root=root)
+                return
+            row = session.exec(_locked(select(Run).where(Run.name == run))).one()
+            if row.root != root:
+                log_event(session, "run.root_changed", run, None, now, **{"from": row.root, "to": root})
+                row.root, row.updated_at = root, now
+
+    def record_writing(self, run: str, step: int, save_id: str, world_size: int) -> int:
+        """Record a save attempt starting; idempotent per (run, step, save_id); returns its id."""
+        now = utcnow()
+        with self.write_session() as session:
+            cp, created = get_or_create_checkpoint(
+                session, run, step, save_id, world_size=world_size, now=now
+            )
+            if created:
+                log_event(
+                    session,
+                    "checkpoint.writing",
+                    run,
+                    step,
+                    now,
+                    checkpoint_id=cp.id,
+                    save_id=save_id,
+                    world_size=world_size,
+                    **{"from": None, "to": cp.state},
+                )
+            return cp.id  # type: ignore[return-value]
+
+    def record_committed(
+        self,
+        run: str,
+        step: int,
+        save_id: str,
+        *,
+        world_size: int,
+        manifest_checksum: str,
+        bytes: int,
+        file_count: int,
+        metrics: dict[str, float],
+        hot_uri: str,
+        event_payload: dict,
+    ) -> int:
+        """In one transaction: checkpoint committed, hot replica ready, a staged outbox event.
+
+        Creates the row if its ``writing`` record was lost. A retry (already committed or verified)
+        changes nothing and adds no second outbox event. Returns the checkpoint id.
+        """
+        now = utcnow()
+        clean_metrics = finite_metrics(metrics)  # JSON has no NaN; PostgreSQL rejects it
+        with self.write_session() as session:
+            cp, created = get_or_create_checkpoint(
+                session, run, step, save_id, world_size=world_size, now=now
+            )
+            if cp.state in LIVE_STATES:
+                # verified -> committed is not a regression to apply: the pipeline verified it first.
+                return cp.id  # type: ignore[return-value]
+            commit_checkpoint(
+                session,
+                cp,
+                created,
+                now,
+                world_size=world_size,
+                bytes=bytes,
+                file_count=file_count,
+                manifest_checksum=manifest_checksum,
+                metrics=clean_metrics,
+            )
+            set_replica(session, cp, "hot", ReplicaState.READY, now=now, uri=hot_uri, bytes=bytes)
+            session.add(
+                OutboxEvent(kind=STAGED_EVENT, run=run, step=step, payload=event_payload, created_at=now)
+            )
+            return cp.id  # type: ignore[return-value]
+
+    def record_abandoned(self, run: str, step: int, save_id: str, reason: str) -> None:
+        """Record a save that gave up before committing (created if its writing row was lost)."""
+        now = utcnow()
+        with self.write_session() as session:
+            cp, created = get_or_create_checkpoint(session, run, step, save_id, world_size=0, now=now)
+            from_state = None if created else cp.state
+            if transition_checkpoint(cp, CheckpointState.ABANDONED, now=now, reason=reason):
+                log_event(
+                    session,
+                    "checkpoint.abandoned",
+                    run,
+                    step,
+                    now,
+                    checkpoint_id=cp.id,
+                    save_id=save_id,
+                    reason=reason,
+                    **{"from": from_state, "to": cp.state},
+                )
+
+    def record_verified(self, run: str, step: int) -> None:
+        """Record that the step's committed checkpoint passed verification against its manifest."""
+        now = utcnow()
+        with self.write_session() as session:
+            cp = lock_step(session, run, step)
+            from_state = cp.state
+            if transition_checkpoint(cp, CheckpointState.VERIFIED, now=now):
+                log_event(
+                    session,
+                    "checkpoint.verified",
+                    run,
+                    step,
+                    now,
+                    checkpoint_id=cp.id,
+                    save_id=cp.save_id,
+                    **{"from": from_state, "to": cp.state},
+                )
+
+    def record_corrupt(self, run: str, step: int, reason: str, quarantine_uri: str | None) -> None:
+        """Mark the step's checkpoint corrupt, and its hot replica corrupt at ``quarantine_uri``."""
+        now = utcnow()
+        with self.write_session() as session:
+            cp = lock_step(session, run, step)
+            from_state = cp.state
+            if not transition_checkpoint(cp, CheckpointState.CORRUPT, now=now, reason=reason):
+                return
+            log_event(
+                session,
+                "checkpoint.corrupt",
+                run,
+                step,
+                now,
+                checkpoint_id=cp.id,
+                save_id=cp.save_id,
+                reason=reason,
+                quarantine_uri=quarantine_uri,
+                **{"from": from_state, "to": cp.state},
+            )
+            hot = lock_replica(session, cp.id, "hot")  # type: ignore[arg-type]
+            # A hot copy already deleted by retention stays deleted; there is nothing there to mark.
+            if (hot is None and quarantine_uri is not None) or (
+                hot is not None and _legal(hot, ReplicaState.CORRUPT)
+            ):
+                set_replica(
+                    session, cp, "hot", ReplicaState.CORRUPT, now=now, uri=quarantine_uri, reason=reason
+                )
+
+    def set_replica_state(
+        self,
+        checkpoint_id: int,
+        tier: str,
+        state: ReplicaState,
+        *,
+        uri: str | None = None,
+        bytes: int | None = None,
+        reason: str | None = None,
+    ) -> Replica:
+        """Create (uri required) or transition a replica; ``IllegalTransition`` if not allowed."""
+        now = utcnow()
+        with self.write_session() as session:
+            cp = session.exec(_locked(select(Checkpoint).where(Checkpoint.id == checkpoint_id))).first()
+            if cp is None:
+                raise NotFound(f"catalog has no checkpoint with id {checkpoint_id}")
+            return set_replica(session, cp, tier, state, now=now, uri=uri, bytes=bytes, reason=reason)
+
+    def mark_delivered(self, event_id: int) -> None:
+        """Mark an outbox event emitted; a repeat keeps the first delivery time."""
+        with self.write_session() as session:
+            event = self._lock_outbox(session, event_id)
+            if event.delivered_at is None:
+                event.delivered_at = utcnow()
+
+    def mark_delivery_failed(self, event_id: int, error: str) -> None:
+        """Count a failed emit (``attempts`` += 1) and keep its error for ``reconcile``."""
+        with self.write_session() as session:
+            event = self._lock_outbox(session, event_id)
+            event.attempts += 1
+            event.last_error = error
+
+    @staticmethod
+    def _lock_outbox(session: Session, event_id: int) -> OutboxEvent:
+        event = session.exec(_locked(select(OutboxEvent).where(OutboxEvent.id == event_id))).first()
+        if event is None:
+            raise NotFound(f"catalog has no outbox event with id {event_id}")
+        return event
+
+    # --- reads ---
+
+    def latest(self, run: str, states: Iterable[CheckpointState] = LIVE_STATES) -> Checkpoint | None:
+        """The highest-step checkpoint of ``run`` in one of ``states`` (restorable ones by default)."""
+        wanted = [CheckpointState(s) for s in states]
+        with self.read_session() as session:
+            stmt = (
+                select(Checkpoint)
+                .where(Checkpoint.run == run, col(Checkpoint.state).in_(wanted))
+                .order_by(col(Checkpoint.step).desc(), col(Checkpoint.id).desc())
+            )
+            return session.exec(stmt).first()
+
+    def checkpoints(self, run: str | None = None) -> list[Checkpoint]:
+        """Every save attempt (of ``run``, or of all runs), newest step first."""
+        with self.read_session() as session:
+            stmt = select(Checkpoint).order_by(col(Checkpoint.step).desc(), col(Checkpoint.id).desc())
+            if run is not None:
+                stmt = stmt.where(Checkpoint.run == run)
+            return list(session.exec(stmt))
+
+    def replicas(self, checkpoint_id: int) -> list[Replica]:
+        """The replicas of one checkpoint, in tier order hot, warm, cold."""
+        with self.read_session() as session:
+            rows = session.exec(select(Replica).where(Replica.checkpoint_id == checkpoint_id)).all()
+        return sorted(rows, key=lambda r: (TIERS.index(r.tier) if r.tier in TIERS else len(TIERS), r.tier))
+
+    def undelivered_events(self, limit: int = 100) -> list[OutboxEvent]:
+        """Outbox events not yet emitted, oldest first."""
+        with self.read_session() as session:
+            stmt = (
+                select(OutboxEvent)
+                .where(col(OutboxEvent.delivered_at).is_(None))
+                .order_by(col(OutboxEvent.id))
+                .limit(limit)
+            )
+            return list(session.exec(stmt))
+
+    def events(self, run: str | None = None, limit: int = 100) -> list[CatalogEvent]:
+        """The catalog's event log (of ``run``, or of all runs), newest first."""
+        with self.read_session() as session:
+            stmt = select(CatalogEvent).order_by(col(CatalogEvent.id).desc()).limit(limit)
+            if run is not None:
+                stmt = stmt.where(CatalogEvent.run == run)
+            return list(session.exec(stmt))

@@ -1,0 +1,172 @@
+"""Database engines for the catalog: which URLs are accepted, and how SQLite is made safe for writers.
+
+* A URL is ``sqlite:////abs/path/catalog.db``, a bare filesystem path (SQLite), or any SQLAlchemy URL
+  whose driver is installed (``postgresql+psycopg://user@host:5432/ckptflow``).
+* SQLite: WAL (readers never block the writer), a busy timeout, and ``BEGIN IMMEDIATE`` for write
+  transactions. A deferred ``BEGIN`` takes the write lock only at the first write, and two processes
+  that both read first then fail to upgrade (``database is locked``) no matter the timeout; taking the
+  lock up front makes them queue instead. Reads keep a plain ``BEGIN`` so they never wait on writers.
+* One engine per process and URL, created on first use. A forked child never touches its parent's
+  pooled connections (two processes on one socket or SQLite handle corrupt each other's state): the
+  cache is reset after fork, and the parent's engines are dropped without closing their connections.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+SQLITE_BUSY_TIMEOUT_MS = 60_000
+# Execution option that marks an engine's transactions as writes (BEGIN IMMEDIATE on SQLite).
+WRITE_OPTION = "ckptflow_write"
+ACCEPTED_FORMS = (
+    "accepted forms: 'sqlite:////abs/path/catalog.db', a bare file path such as '/abs/path/catalog.db' "
+    "(SQLite), or an SQLAlchemy URL such as 'postgresql+psycopg://user@host:5432/ckptflow'"
+)
+
+
+@dataclass(frozen=True)
+class CatalogEngine:
+    """The two faces of one engine (one pool): ``read`` begins deferred, ``write`` begins immediate."""
+
+    read: Engine
+    write: Engine
+
+    @property
+    def dialect(self) -> str:
+        return self.read.dialect.name
+
+
+def _sqlite_file(path_text: str, original: str) -> URL:
+    path = Path(path_text).expanduser()
+    # Absolute, so the same URL names the same file in every process, whatever its working directory.
+    path = Path(os.path.abspath(path))
+    if path.is_dir():
+        raise ValueError(
+            f"catalog URL {original!r} names the directory {path}; name a database file inside it, "
+            f"e.g. {path / 'catalog.db'}"
+        )
+    if not path.parent.is_dir():
+        raise ValueError(
+            f"catalog URL {original!r}: directory {path.parent} does not exist; create it first "
+            f"(a typo must not silently create a new, empty catalog). {ACCEPTED_FORMS}"
+        )
+    return URL.create("sqlite+pysqlite", database=str(path))
+
+
+def normalize_url(url: str) -> str:
+    """Validate ``url`` and return it in canonical form (absolute SQLite path, driver named).
+
+    Raises ``ValueError`` naming the URL and the accepted forms when it is not usable.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError(f"catalog URL {url!r} is empty; {ACCEPTED_FORMS}")
+    text = url.strip()
+    if "://" not in text:
+        return _sqlite_file(text, url).render_as_string(hide_password=False)
+    try:
+        parsed = make_url(text)
+    except ArgumentError as exc:
+        raise ValueError(f"catalog URL {text!r} cannot be parsed ({exc}); {ACCEPTED_FORMS}") from exc
+    shown = parsed.render_as_string(hide_password=True)
+    try:
+        dialect_cls = parsed.get_dialect()
+    except NoSuchModuleError as exc:
+        raise ValueError(
+            f"catalog URL {shown!r}: no database dialect {parsed.drivername!r} "
+            f"(PostgreSQL is spelled 'postgresql+psycopg://'); {ACCEPTED_FORMS}"
+        ) from exc
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:") or database.startswith("file:"):
+            raise ValueError(
+                f"catalog URL {shown!r} is an in-memory or URI-style SQLite database; the catalog is "
+                f"shared between processes and must be a file. {ACCEPTED_FORMS}"
+            )
+        return _sqlite_file(database, text).render_as_string(hide_password=False)
+    try:
+        dialect_cls.import_dbapi()
+    except ImportError as exc:
+        raise ValueError(
+            f"catalog URL {shown!r}: the database driver is not installed ({exc}); for PostgreSQL "
+            "install psycopg: pip install 'ckptflow[postgres]'"
+        ) from exc
+    return parsed.render_as_string(hide_password=False)
+
+
+def _install_sqlite_hooks(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Stop the sqlite3 module from issuing its own (deferred) BEGIN; _on_begin issues ours.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            # busy_timeout first: switching to WAL itself needs a lock another process may hold.
+            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        immediate = connection.get_execution_options().get(WRITE_OPTION, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def create_catalog_engine(url: str) -> CatalogEngine:
+    """A new engine for a normalized URL (prefer :func:`get_engine`, which caches per process)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        _install_sqlite_hooks(engine)
+    else:
+        # Training runs for days: a connection idle through a database restart must be replaced,
+        # not fail the next save's catalog write.
+        engine = create_engine(parsed, pool_pre_ping=True)
+    return CatalogEngine(read=engine, write=engine.execution_options(**{WRITE_OPTION: True}))
+
+
+_lock = threading.Lock()
+_engines: dict[str, CatalogEngine] = {}
+_owner_pid = os.getpid()
+
+
+def _forget_parent_engines() -> None:
+    global _lock, _owner_pid
+    # The lock may have been held by a parent thread at fork time: a fresh one cannot deadlock.
+    _lock = threading.Lock()
+    for engine in _engines.values():
+        engine.read.dispose(close=False)  # drop the pool without closing the parent's connections
+    _engines.clear()
+    _owner_pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forget_parent_engines)
+
+
+def get_engine(url: str) -> CatalogEngine:
+    """This process's engine for the normalized ``url``, created on first use."""
+    with _lock:
+        if os.getpid() != _owner_pid:  # belt and braces: a fork the hook did not see
+            _forget_parent_engines()
+        engine = _engines.get(url)
+        if engine is None:
+            engine = create_catalog_engine(url)
+            _engines[url] = engine
+        return engine
+
+
+def dispose_engine(url: str) -> None:
+    """Close this process's pooled connections for ``url``; the next use creates a new engine."""
+    with _lock:
+        engine = _engines.pop(url, None)
+    if engine is not None:
+        engine.read.dispose()

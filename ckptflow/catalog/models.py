@@ -1,0 +1,192 @@
+"""The catalog's tables and state enums.
+
+The catalog records what happened to each checkpoint and each of its copies; the manifest on disk is
+the truth and the catalog can be rebuilt from it (:mod:`ckptflow.catalog.sync`). States only change
+through :mod:`ckptflow.catalog.transitions`.
+
+Tables carry a ``ckptflow_`` prefix because the catalog may share a PostgreSQL database with other
+services. States are stored as short strings (not native PostgreSQL enums) so adding a state never
+needs an ``ALTER TYPE``. Every timestamp is timezone-aware UTC on both SQLite and PostgreSQL.
+"""
+
+# No `from __future__ import annotations`: SQLModel reads these annotations at class creation, and
+# the field named `bytes` would shadow the builtin inside a class body evaluated later.
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Dialect, Index, UniqueConstraint, text
+from sqlalchemy import Enum as SAEnum
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+TIERS = ("hot", "warm", "cold")
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC (the only kind of datetime the catalog stores)."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A datetime column that accepts only aware datetimes and always returns aware UTC ones.
+
+    SQLite has no timezone type: values are stored as naive UTC and get their UTC tzinfo back on
+    read. PostgreSQL stores ``timestamptz`` and returns it in the session time zone, converted here.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"catalog timestamps must be timezone-aware UTC, got naive {value!r}")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class CheckpointState(enum.StrEnum):
+    """Where a save attempt stands. Only ``committed`` and ``verified`` are restorable."""
+
+    WRITING = "writing"  # shards being written into a partial directory
+    COMMITTED = "committed"  # manifest written and directory renamed into place
+    VERIFIED = "verified"  # a later read proved every file against the manifest
+    CORRUPT = "corrupt"  # failed verification; quarantined, never restorable again
+    ABANDONED = "abandoned"  # the save gave up (deadline, rank failure) before committing
+
+
+class ReplicaState(enum.StrEnum):
+    """Where one tier's copy of a checkpoint stands."""
+
+    PENDING = "pending"
+    COPYING = "copying"
+    READY = "ready"  # complete and verified against the manifest
+    CORRUPT = "corrupt"
+    LOST = "lost"  # expected but missing
+    DELETED = "deleted"  # removed on purpose (retention)
+
+
+LIVE_STATES = (CheckpointState.COMMITTED, CheckpointState.VERIFIED)
+
+
+def _state_type(enum_cls: type[enum.Enum]) -> SAEnum:
+    # Store the lowercase values ("committed"), not the member names, as plain VARCHAR.
+    return SAEnum(
+        enum_cls,
+        native_enum=False,
+        length=16,
+        validate_strings=True,
+        values_callable=lambda members: [m.value for m in members],
+    )
+
+
+def _live_where() -> Any:
+    return text("state IN ('committed', 'verified')")
+
+
+class Run(SQLModel, table=True):
+    """A training run and the root directory of its hot tier."""
+
+    __tablename__ = "ckptflow_run"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(unique=True, index=True)
+    root: str
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Checkpoint(SQLModel, table=True):
+    """One save attempt of one step. A step may have several attempts; at most one is live."""
+
+    __tablename__ = "ckptflow_checkpoint"
+    __table_args__ = (
+        UniqueConstraint("run", "step", "save_id", name="uq_ckptflow_checkpoint_save"),
+        # The database itself guarantees one committed/verified attempt per (run, step).
+        Index(
+            "uq_ckptflow_checkpoint_live_step",
+            "run",
+            "step",
+            unique=True,
+            sqlite_where=_live_where(),
+            postgresql_where=_live_where(),
+        ),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    run: str = Field(index=True)
+    step: int
+    save_id: str
+    state: CheckpointState = Field(default=CheckpointState.WRITING, sa_type=_state_type(CheckpointState))
+    world_size: int = 0  # 0 = unknown (an abandon recorded without its writing row)
+    bytes: int = 0
+    file_count: int = 0
+    manifest_checksum: str | None = None
+    metrics: dict[str, float] = Field(default_factory=dict, sa_type=JSON)
+    reason: str | None = None
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    committed_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    verified_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Replica(SQLModel, table=True):
+    """One tier's copy of a checkpoint (``hot`` posix root, ``warm``, ``cold`` object store)."""
+
+    __tablename__ = "ckptflow_replica"
+    __table_args__ = (UniqueConstraint("checkpoint_id", "tier", name="uq_ckptflow_replica_tier"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    checkpoint_id: int = Field(foreign_key="ckptflow_checkpoint.id", index=True)
+    tier: str
+    uri: str
+    state: ReplicaState = Field(default=ReplicaState.PENDING, sa_type=_state_type(ReplicaState))
+    bytes: int = 0
+    verified_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    reason: str | None = None
+
+
+class OutboxEvent(SQLModel, table=True):
+    """An event to emit (to Prefect), written in the same transaction as the change it announces.
+
+    Training never waits on the pipeline: if emitting fails, the row stays undelivered and
+    ``reconcile`` re-emits it later.
+    """
+
+    __tablename__ = "ckptflow_outbox"
+
+    id: int | None = Field(default=None, primary_key=True)
+    kind: str
+    run: str = Field(index=True)
+    step: int
+    payload: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    delivered_at: datetime | None = Field(default=None, sa_type=UTCDateTime, index=True)
+    attempts: int = 0
+    last_error: str | None = None
+
+
+class CatalogEvent(SQLModel, table=True):
+    """Append-only log: one row per state change of a checkpoint, replica or run."""
+
+    __tablename__ = "ckptflow_event"
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    run: str = Field(index=True)
+    step: int | None = None
+    kind: str  # e.g. "checkpoint.committed", "replica.lost", "run.created"
+    detail: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
+
+
+# Only these tables are created: other code may define SQLModel tables on the shared metadata.
+TABLES = [m.__table__ for m in (Run, Checkpoint, Replica, OutboxEvent, CatalogEvent)]  # type: ignore[attr-defined]

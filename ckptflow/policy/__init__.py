@@ -1,0 +1,1 @@
+"""Policies: YAML config models and pure planners (retention, drills, cadence math)."""

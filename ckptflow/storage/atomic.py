@@ -1,0 +1,65 @@
+"""Durable, atomic file-system primitives: fsync files and directories, publish by rename.
+
+A rename is atomic but not durable until the parent directory is fsynced; a file's bytes are not
+durable until the file is fsynced. Every commit in ckptflow goes through these helpers so the order
+(data, then metadata, then directory entry) is the same everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file or a directory by path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: str | os.PathLike[str]) -> None:
+    """fsync every file and directory under ``root`` (children before their parents)."""
+    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            fsync_path(os.path.join(dirpath, name))
+        fsync_path(dirpath)
+
+
+def write_file_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` so a crash leaves either the old file or the whole new one."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(target.parent)
+
+
+def publish_dir(partial: str | os.PathLike[str], final: str | os.PathLike[str]) -> bool:
+    """Rename a fully written, fsynced directory to its final name and make the rename durable.
+
+    Returns False, leaving ``partial`` in place, if ``final`` already exists: a committed directory
+    is never replaced or written into.
+    """
+    final_path = Path(final)
+    try:
+        # os.rename onto an existing *empty* directory would succeed on Linux; refuse any existing.
+        if final_path.exists():
+            return False
+        os.rename(partial, final_path)
+    except (FileExistsError, OSError) as exc:
+        if final_path.exists():
+            return False
+        raise exc
+    fsync_path(final_path.parent)
+    return True

@@ -1,0 +1,150 @@
+"""CRC64NVME checksums, computed while bytes are written and re-checked at every hop.
+
+CRC64NVME is what S3 verifies server-side as a full-object checksum, so the value computed here
+while a shard is written can prove the same bytes on every tier up to the object store. awscrt
+computes it with hardware carry-less multiply (~8 GB/s per core on this class of machine) and
+releases the GIL for large buffers.
+
+Values travel as S3 does: the 8 checksum bytes, big-endian, base64-encoded.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+from collections.abc import Iterable
+from typing import BinaryIO
+
+from awscrt import checksums as _crt
+
+ALGORITHM = "crc64nvme"
+READ_CHUNK = 8 << 20
+
+
+def crc64nvme(data: bytes | bytearray | memoryview, previous: int = 0) -> int:
+    """Return the CRC64NVME of ``data``, continuing from ``previous`` (0 starts a new checksum)."""
+    return _crt.crc64nvme(data, previous)
+
+
+def encode(value: int) -> str:
+    """Encode a CRC64NVME integer as S3 transmits it (base64 of 8 big-endian bytes)."""
+    return base64.b64encode(value.to_bytes(8, "big")).decode("ascii")
+
+
+def decode(text: str) -> int:
+    """Decode the S3/base64 form back to an integer; ``ValueError`` if it is not 8 bytes."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"checksum {text!r} is not base64") from exc
+    if len(raw) != 8:
+        raise ValueError(f"checksum {text!r} decodes to {len(raw)} bytes; a CRC64NVME has 8")
+    return int.from_bytes(raw, "big")
+
+
+def is_well_formed(text: object) -> bool:
+    """True if ``text`` is a base64 CRC64NVME value (12 characters, 8 bytes)."""
+    if not isinstance(text, str):
+        return False
+    try:
+        decode(text)
+    except ValueError:
+        return False
+    return True
+
+
+def checksum_bytes(data: bytes | bytearray | memoryview) -> str:
+    """The encoded CRC64NVME of an in-memory buffer."""
+    return encode(crc64nvme(data))
+
+
+def checksum_stream(stream: BinaryIO, chunk: int = READ_CHUNK) -> tuple[str, int]:
+    """Read ``stream`` to its end; return (encoded checksum, bytes read)."""
+    crc = 0
+    size = 0
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    while True:
+        n = stream.readinto(view)  # type: ignore[attr-defined]
+        if not n:
+            break
+        crc = crc64nvme(view[:n], crc)
+        size += n
+    return encode(crc), size
+
+
+def checksum_file(path: str | os.PathLike[str], chunk: int = READ_CHUNK) -> tuple[str, int]:
+    """Checksum a file on disk; return (encoded checksum, size in bytes)."""
+    with open(path, "rb", buffering=0) as f:
+        return checksum_stream(f, chunk)
+
+
+def combine(parts: Iterable[tuple[int, int]]) -> int:
+    """Fold per-part (crc, length) pairs, in order, into the whole-object CRC64NVME."""
+    total = 0
+    first = True
+    for crc, length in parts:
+        total = crc if first else _crt.combine_crc64nvme(total, crc, length)
+        first = False
+    return total
+
+
+class ChecksummingWriter(io.RawIOBase):
+    """A binary file wrapper that updates a CRC64NVME with every byte written.
+
+    It keeps ``tell()`` and ``fileno()`` working, so torch.distributed.checkpoint can record item
+    offsets and fsync through it: the checksum costs no second read of the data.
+    """
+
+    def __init__(self, raw: BinaryIO) -> None:
+        super().__init__()
+        self._raw = raw
+        self._crc = 0
+        self._size = 0
+
+    @property
+    def crc(self) -> int:
+        return self._crc
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def checksum(self) -> str:
+        """The encoded checksum of everything written so far."""
+        return encode(self._crc)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+        written = self._raw.write(view)
+        if written is None:
+            written = len(view)
+        if written != len(view):
+            # A short write would leave the checksum describing bytes that never hit the file.
+            raise OSError(f"short write: {written} of {len(view)} bytes")
+        self._crc = crc64nvme(view, self._crc)
+        self._size += written
+        return written
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def seekable(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._raw.flush()
+            finally:
+                super().close()

@@ -1,0 +1,126 @@
+"""Stage a state dict into persistent host buffers: the only work the training loop waits for.
+
+Buffers are allocated on the first save and reused by every later one (no page faults, no
+allocator churn); they are re-allocated only for a tensor whose shape or dtype changed. Tensors on
+an accelerator are copied into pinned buffers with ``non_blocking=True`` on a side stream, and an
+event marks the end of the copy: :meth:`HostStager.wait` is the fence that must pass before the
+optimizer mutates the parameters. On CPU the copy is synchronous and the fence is free.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+Path = tuple[Any, ...]
+
+
+@dataclass
+class _Counters:
+    bytes: int = 0
+    reallocated: int = 0
+    used: set[Path] = field(default_factory=set)
+
+
+@dataclass
+class StageResult:
+    """What one staging pass did."""
+
+    staged: dict[str, Any]
+    bytes: int
+    seconds: float
+    reallocated_bytes: int
+    event: Any = None  # CUDA event recorded after the last copy; None on CPU
+
+
+class HostStager:
+    """Copies state dicts into host buffers that live as long as the stager.
+
+    At most one staged copy exists at a time: the caller (the Checkpointer) must not stage again
+    before the background writer is done with the previous copy.
+    """
+
+    def __init__(self, pin_memory: bool | None = None) -> None:
+        self._buffers: dict[Path, torch.Tensor] = {}
+        self._pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self._event: Any = None
+        self._stream: Any = None
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Host memory held by the staging buffers."""
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+    def _buffer_for(self, path: Path, src: torch.Tensor) -> tuple[torch.Tensor, int]:
+        buf = self._buffers.get(path)
+        if buf is not None and buf.shape == src.shape and buf.dtype == src.dtype:
+            return buf, 0
+        # First save, or this tensor changed shape/dtype: allocate once, then reuse.
+        buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=self._pin and src.is_cuda)
+        self._buffers[path] = buf
+        return buf, buf.numel() * buf.element_size()
+
+    def _copy_tensor(self, path: Path, src: torch.Tensor, counters: _Counters) -> torch.Tensor:
+        if isinstance(src, DTensor):
+            local = self._copy_tensor(path + ("<local>",), src.to_local(), counters)
+            return DTensor.from_local(
+                local, src.device_mesh, src.placements, run_check=False, shape=src.shape, stride=src.stride()
+            )
+        src = src.detach()
+        buf, fresh = self._buffer_for(path, src)
+        buf.copy_(src, non_blocking=src.is_cuda)
+        counters.bytes += buf.numel() * buf.element_size()
+        counters.reallocated += fresh
+        counters.used.add(path)
+        return buf
+
+    def _walk(self, obj: Any, path: Path, counters: _Counters) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return self._copy_tensor(path, obj, counters)
+        if isinstance(obj, dict):
+            return {k: self._walk(v, path + (k,), counters) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self._walk(v, path + (i,), counters) for i, v in enumerate(obj)]
+        if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+            return tuple(self._walk(v, path + (i,), counters) for i, v in enumerate(obj))
+        # Scalars, strings, RNG states: small, and copied so later mutation cannot leak in.
+        return copy.deepcopy(obj)
+
+    def stage(self, state_dict: dict[str, Any]) -> StageResult:
+        """Copy every tensor of ``state_dict`` into the reused buffers; return the staged twin."""
+        start = time.perf_counter()
+        counters = _Counters()
+        if torch.cuda.is_available() and self._pin:
+            if self._stream is None:
+                self._stream = torch.cuda.Stream()
+            # The side stream must see every kernel already queued that writes these tensors.
+            self._stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._stream):
+                staged = self._walk(state_dict, (), counters)
+                self._event = torch.cuda.Event()
+                self._event.record(self._stream)
+        else:
+            staged = self._walk(state_dict, (), counters)
+            self._event = None
+        # Drop buffers of tensors that vanished from the state (a layer removed, a key renamed),
+        # so host memory does not grow without bound across changing states.
+        for stale in [p for p in self._buffers if p not in counters.used]:
+            del self._buffers[stale]
+        return StageResult(
+            staged, counters.bytes, time.perf_counter() - start, counters.reallocated, self._event
+        )
+
+    def wait(self) -> None:
+        """Block until the staged copy is complete (the fence before ``optimizer.step()``)."""
+        wait_for(self._event)
+
+
+def wait_for(event: Any) -> None:
+    """Wait for a staging event (a no-op for ``None``, i.e. on CPU)."""
+    if event is not None:
+        event.synchronize()

@@ -1,0 +1,194 @@
+"""Stateful wrappers for what an exact resume needs besides the weights.
+
+Each exposes ``state_dict()`` / ``load_state_dict()`` (torch's ``Stateful`` protocol) and returns only
+tensors, numbers, strings and containers: values that load with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from ckptflow.training_hooks import ranks
+
+
+class ModelState:
+    """Model and optimizer through DCP's ``get_state_dict``/``set_state_dict``.
+
+    These give fully qualified parameter names for the optimizer state (instead of integer ids)
+    and handle FSDP/DTensor sharding, which is what makes resharding to another world size work.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        options: StateDictOptions | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.options = options
+
+    def state_dict(self) -> dict[str, Any]:
+        optimizers = () if self.optimizer is None else self.optimizer
+        model_sd, optim_sd = get_state_dict(self.model, optimizers, options=self.options)
+        out: dict[str, Any] = {"model": model_sd}
+        if self.optimizer is not None:
+            out["optimizer"] = optim_sd
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        optimizers = () if self.optimizer is None else self.optimizer
+        set_state_dict(
+            self.model,
+            optimizers,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict.get("optimizer", {}),
+            options=self.options,
+        )
+
+
+def _numpy_state_to_plain(state: tuple[Any, ...]) -> dict[str, Any]:
+    name, keys, pos, has_gauss, cached = state
+    return {
+        "name": name,
+        "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
+
+
+def _numpy_state_from_plain(plain: dict[str, Any]) -> tuple[Any, ...]:
+    keys = plain["keys"].numpy().astype(np.uint32)
+    return (plain["name"], keys, plain["pos"], plain["has_gauss"], plain["cached_gaussian"])
+
+
+class RNGState:
+    """Python, NumPy, torch CPU and CUDA random states of this rank.
+
+    Each rank's state is stored under its own key (``rank<r>``), because ranks draw different
+    random numbers. Restored on a different world size, a rank with no saved state of its own
+    takes rank 0's state mixed with its rank number, so ranks do not draw identical streams.
+    """
+
+    def __init__(self) -> None:
+        self._loaded_from: str | None = None
+
+    @staticmethod
+    def _capture() -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "python": random.getstate(),
+            "numpy": _numpy_state_to_plain(np.random.get_state()),
+            "torch": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def state_dict(self) -> dict[str, Any]:
+        return {f"rank{ranks.rank()}": self._capture()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        key = f"rank{ranks.rank()}"
+        own = state_dict.get(key)
+        if own is None:
+            return
+        version, internal, gauss = own["python"]
+        random.setstate((version, tuple(internal), gauss))
+        np.random.set_state(_numpy_state_from_plain(own["numpy"]))
+        torch.set_rng_state(own["torch"])
+        if "cuda" in own and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(own["cuda"])
+        self._loaded_from = key
+
+
+class DataPosition:
+    """How far the data loader got: epoch and number of samples consumed in it.
+
+    Use with :class:`ResumableSampler`, or advance it yourself with :meth:`advance`.
+    """
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.consumed = 0
+
+    def advance(self, samples: int) -> None:
+        self.consumed += samples
+
+    def next_epoch(self) -> None:
+        self.epoch += 1
+        self.consumed = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "consumed": self.consumed}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.epoch = int(state_dict["epoch"])
+        self.consumed = int(state_dict["consumed"])
+
+
+class ResumableSampler(torch.utils.data.Sampler[int]):
+    """A shuffling, rank-partitioned sampler that resumes exactly where it stopped.
+
+    The permutation of each epoch depends only on ``seed`` and the epoch, so after a restore the
+    same order is regenerated and the first ``position.consumed`` samples are skipped. Put the
+    sampler (it is Stateful) in the checkpointed state.
+    """
+
+    def __init__(
+        self,
+        dataset_len: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+    ) -> None:
+        if dataset_len <= 0:
+            raise ValueError(f"ResumableSampler: dataset_len must be > 0, got {dataset_len}")
+        self.dataset_len = dataset_len
+        self.seed = seed
+        self.shuffle = shuffle
+        self.num_replicas = num_replicas if num_replicas is not None else ranks.world_size()
+        self.rank = rank if rank is not None else ranks.rank()
+        self.position = DataPosition()
+
+    def _order(self) -> list[int]:
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.position.epoch)
+            order = torch.randperm(self.dataset_len, generator=g).tolist()
+        else:
+            order = list(range(self.dataset_len))
+        return order[self.rank :: self.num_replicas]
+
+    def __len__(self) -> int:
+        return len(self._order())
+
+    def __iter__(self) -> Iterator[int]:
+        order = self._order()
+        while self.position.consumed < len(order):
+            index = order[self.position.consumed]
+            self.position.advance(1)
+            yield index
+        self.position.next_epoch()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, **self.position.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if int(state_dict["seed"]) != self.seed:
+            raise ValueError(
+                f"ResumableSampler: checkpoint was written with seed {state_dict['seed']}, "
+                f"this sampler has seed {self.seed}; construct it with the same seed to resume exactly"
+            )
+        self.position.load_state_dict(state_dict)

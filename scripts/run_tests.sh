@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs the whole test suite the way CI does: lint, then pytest with a throwaway PostgreSQL cluster
+# (started here, stopped by its pid on exit) so the catalog tests also run against PostgreSQL.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv
+mkdir -p .scratch
+"$VENV/bin/ruff" check ckptflow tests bench examples
+
+PG_DIR=.scratch/pg-test
+if [ "${CKPTFLOW_SKIP_POSTGRES:-0}" != "1" ]; then
+  if bash scripts/postgres.sh start "$PG_DIR"; then
+    trap 'bash scripts/postgres.sh stop "$PG_DIR" || true' EXIT
+    CKPTFLOW_TEST_POSTGRES_URL="$(bash scripts/postgres.sh url "$PG_DIR")"
+    export CKPTFLOW_TEST_POSTGRES_URL
+  else
+    echo "run_tests: PostgreSQL could not be started; PostgreSQL variants will be skipped" >&2
+  fi
+fi
+
+"$VENV/bin/python" -m pytest -q -ra "$@"
