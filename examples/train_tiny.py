@@ -166,6 +166,16 @@ def main(argv: list[str] | None = None) -> int:
         "loss_history": [v.hex() for v in history.values],
         "committed": ckpt.stats.committed,
         "skipped_busy": ckpt.stats.skipped_busy,
+        "saves": [
+            {
+                "step": s.step,
+                "stall_s": s.stage_s,
+                "write_s": s.write_s,
+                "bytes": s.bytes,
+                "outcome": s.outcome,
+            }
+            for s in ckpt.stats.history
+        ],
     }
     if args.result:
         args.result.write_text(json.dumps(result))
