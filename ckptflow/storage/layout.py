@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import secrets
 import shutil
 import time
 from collections.abc import Iterator
@@ -104,7 +105,8 @@ def writer_lock(partial_dir: Path, rank: int) -> Iterator[None]:
         os.close(fd)
 
 
-def _someone_writes(partial_dir: Path) -> bool:
+def someone_writes(partial_dir: Path) -> bool:
+    """True if a live process holds a writer lock in ``partial_dir``."""
     for lock in partial_dir.glob(f"{LOCK_PREFIX}*"):
         try:
             fd = os.open(lock, os.O_RDWR)
@@ -136,7 +138,7 @@ def remove_stale_partials(
             age = clock - entry.path.stat().st_mtime
         except FileNotFoundError:
             continue
-        if age < min_age_s or _someone_writes(entry.path):
+        if age < min_age_s or someone_writes(entry.path):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(entry.path)
@@ -149,7 +151,8 @@ def quarantine(root: str | os.PathLike[str], checkpoint_dir: Path, reason: str) 
     """Move a checkpoint that failed verification aside; it is never deleted automatically."""
     qdir = Path(root) / QUARANTINE_DIR
     qdir.mkdir(exist_ok=True)
-    target = qdir / f"{checkpoint_dir.name}.{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    # Timestamp for people, random suffix so the same step quarantined twice never collides.
+    target = qdir / f"{checkpoint_dir.name}.{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
     os.rename(checkpoint_dir, target)
     (target / "QUARANTINE_REASON.txt").write_text(reason + "\n")
     fsync_path(qdir)

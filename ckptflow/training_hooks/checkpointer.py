@@ -33,6 +33,7 @@ from ckptflow.storage.manifest import MANIFEST_NAME, finite_metrics
 from ckptflow.training_hooks import ranks
 from ckptflow.training_hooks.cadence import Cadence
 from ckptflow.training_hooks.catalog_client import CatalogHandle
+from ckptflow.training_hooks.events import EventPoster
 from ckptflow.training_hooks.restore import RestoreReport, choose_checkpoint, load_checkpoint
 from ckptflow.training_hooks.save_job import SaveJob, SaveStats, run_save_job
 from ckptflow.training_hooks.staging import HostStager
@@ -81,7 +82,10 @@ class Checkpointer:
         verify_workers: threads used to verify files at restore.
         write_hook: called with each file name before it is written; for fault injection.
         on_phase: called with the phase name (staging, writing, waiting, manifest, rename, catalog,
-            done) as a save progresses; for tracing and crash tests.
+            event, done) as a save progresses; for tracing and crash tests.
+        prefect_api_url: Prefect API (e.g. ``http://127.0.0.1:4200/api``) that receives the
+            ``ckptflow.checkpoint.staged`` event after each commit, from the background thread, within
+            ``event_timeout_s``. None: no event (the outbox row still records the commit).
     """
 
     def __init__(
@@ -96,6 +100,8 @@ class Checkpointer:
         verify_workers: int | None = None,
         write_hook: Callable[[str], None] | None = None,
         on_phase: Callable[[str], None] | None = None,
+        prefect_api_url: str | None = None,
+        event_timeout_s: float = 5.0,
     ) -> None:
         if not run or not all(c.isalnum() or c in "-_." for c in run):
             raise ValueError(f"Checkpointer.run: use letters, digits, '-', '_' or '.', got {run!r}")
@@ -116,6 +122,9 @@ class Checkpointer:
         self.rank = ranks.rank()
         self.world_size = ranks.world_size()
         self._catalog = CatalogHandle(catalog) if (catalog and self.rank == 0) else None
+        self._events = (
+            EventPoster(prefect_api_url, event_timeout_s) if (prefect_api_url and self.rank == 0) else None
+        )
         self._stager = HostStager()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ckptflow-save-r{self.rank}")
         self._inflight: Future[SaveStats] | None = None
@@ -155,6 +164,7 @@ class Checkpointer:
         CORRUPT) and the next older one is tried. Raises :class:`CheckpointLoadError` when the
         chosen checkpoint does not match ``state`` (nothing is moved or deleted then).
         """
+        self._stateful(state)  # a bad state fails now, not at the first save hours later
         self._ensure_incarnation()
         self.wait()
         removed: list[str] = []
@@ -260,6 +270,7 @@ class Checkpointer:
             on_phase=self._on_phase,
             write_hook=self.write_hook,
             catalog=self._catalog,
+            events=self._events,
             started=started,
         )
         self.cadence.observe_stall(stall)

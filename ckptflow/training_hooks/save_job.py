@@ -27,6 +27,7 @@ from ckptflow.storage import layout
 from ckptflow.storage.manifest import manifest_checksum
 from ckptflow.training_hooks import finalize
 from ckptflow.training_hooks.dcp_io import make_writer
+from ckptflow.training_hooks.events import STAGED_EVENT, build_event
 from ckptflow.training_hooks.staging import wait_for
 
 log = logging.getLogger("ckptflow.save")
@@ -76,6 +77,7 @@ class SaveJob:
     on_phase: PhaseHook
     write_hook: Callable[[str], None] | None
     catalog: Any  # a CatalogHandle (coordinator) or None
+    events: Any  # an EventPoster (coordinator) or None
     started: float  # time.monotonic() at the start of the stall
 
     @property
@@ -156,16 +158,16 @@ def _finalize(job: SaveJob, stats: SaveStats) -> None:
     stats.outcome = "committed"
     stats.total_s = time.monotonic() - job.started
     job.on_phase("catalog")
+    checksum = manifest_checksum(job.final_dir)
+    payload = {
+        "run": job.run,
+        "step": job.step,
+        "hot_uri": str(job.final_dir),
+        "bytes": manifest.total_bytes,
+        "file_count": len(manifest.files),
+        "manifest_checksum": checksum,
+    }
     if job.catalog is not None:
-        checksum = manifest_checksum(job.final_dir)
-        payload = {
-            "run": job.run,
-            "step": job.step,
-            "hot_uri": str(job.final_dir),
-            "bytes": manifest.total_bytes,
-            "file_count": len(manifest.files),
-            "manifest_checksum": checksum,
-        }
         job.catalog.call(
             "record_committed",
             job.run,
@@ -179,6 +181,9 @@ def _finalize(job: SaveJob, stats: SaveStats) -> None:
             hot_uri=str(job.final_dir),
             event_payload=payload,
         )
+    if job.events is not None:
+        job.on_phase("event")
+        _announce(job, payload if job.catalog is not None else None, manifest)
     log.info(
         "checkpoint step %d committed: %d files, %.1f MB, stall %.3f s, write %.2f s, total %.2f s",
         job.step,
@@ -188,3 +193,21 @@ def _finalize(job: SaveJob, stats: SaveStats) -> None:
         write_s,
         stats.total_s,
     )
+
+
+def _announce(job: SaveJob, payload_in_outbox: dict[str, Any] | None, manifest: Any) -> None:
+    """Emit the staged event; mark the outbox row delivered only when the server confirmed it."""
+    payload = payload_in_outbox or {
+        "run": job.run,
+        "step": job.step,
+        "hot_uri": str(job.final_dir),
+        "bytes": manifest.total_bytes,
+        "file_count": len(manifest.files),
+    }
+    event = build_event(STAGED_EVENT, job.run, job.step, job.save_id, payload)
+    if not job.events.post([event]) or job.catalog is None:
+        return
+    pending = job.catalog.call("undelivered_events", 1000) or []
+    for row in pending:
+        if row.kind == STAGED_EVENT and row.run == job.run and row.step == job.step:
+            job.catalog.call("mark_delivered", row.id)

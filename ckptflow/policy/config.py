@@ -1,0 +1,105 @@
+"""``ckptflow.yaml``: the one config file of a deployment (catalog, tiers, Prefect), validated strictly.
+
+```yaml
+catalog: sqlite:////var/lib/ckptflow/catalog.db     # any SQLAlchemy URL; PostgreSQL at scale
+prefect:
+  api_url: http://127.0.0.1:4200/api                # never an ephemeral server on training ranks
+  emit_timeout_s: 5
+  task_runner: threads                              # or: dask (prefect-dask), dask_address: tcp://...
+tiers:
+  hot:  {kind: posix, root: /nvme/ckpt, price_per_gb_month: 0.0}
+  warm: {kind: posix, root: /lustre/ckpt, price_per_gb_month: 0.03}
+  cold:
+    kind: s3
+    bucket: training-checkpoints
+    prefix: runs
+    endpoint_url: https://s3.us-east-1.amazonaws.com   # omit for AWS defaults
+    storage_class: STANDARD
+    credentials_env: CKPTFLOW_S3_   # reads CKPTFLOW_S3_ACCESS_KEY_ID / _SECRET_ACCESS_KEY, else the AWS chain
+    price_per_gb_month: 0.023
+promote:
+  workers: 8
+  stale_upload_age_s: 3600
+```
+Secrets never live in this file: credentials come from the environment or the AWS chain.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ckptflow.policy.yaml_source import load_yaml, validate
+
+TIER_ORDER = ("hot", "warm", "cold")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class PosixTierConfig(_Strict):
+    kind: Literal["posix"]
+    root: str = Field(min_length=1)
+    price_per_gb_month: float = Field(default=0.0, ge=0)
+    workers: int = Field(default=4, ge=1, le=256)
+
+
+class S3TierConfig(_Strict):
+    kind: Literal["s3"]
+    bucket: str = Field(min_length=3, max_length=63)
+    prefix: str = ""
+    endpoint_url: str | None = None
+    region: str | None = None
+    storage_class: str | None = None
+    credentials_env: str | None = Field(
+        default=None, description="prefix of <PREFIX>ACCESS_KEY_ID / <PREFIX>SECRET_ACCESS_KEY variables"
+    )
+    credentials_file: str | None = Field(
+        default=None, description="JSON file with accessKey/secretKey (0600)"
+    )
+    price_per_gb_month: float = Field(default=0.023, ge=0)
+    part_size_mib: int | None = Field(default=None, ge=5, le=5120)
+    max_concurrency: int = Field(default=8, ge=1, le=256)
+
+
+TierConfig = Annotated[PosixTierConfig | S3TierConfig, Field(discriminator="kind")]
+
+
+class PrefectConfig(_Strict):
+    api_url: str | None = None
+    emit_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    task_runner: Literal["threads", "dask"] = "threads"
+    dask_address: str | None = None
+    work_pool: str = "ckptflow"
+
+
+class PromoteConfig(_Strict):
+    workers: int = Field(default=8, ge=1, le=256)
+    stale_upload_age_s: float = Field(default=3600.0, ge=0)
+    stale_partial_age_s: float = Field(default=3600.0, ge=0)
+
+
+class CkptflowConfig(_Strict):
+    catalog: str = Field(min_length=1)
+    tiers: dict[Literal["hot", "warm", "cold"], TierConfig]
+    prefect: PrefectConfig = PrefectConfig()
+    promote: PromoteConfig = PromoteConfig()
+
+    @model_validator(mode="after")
+    def _hot_tier_required(self) -> CkptflowConfig:
+        if "hot" not in self.tiers:
+            raise ValueError("tiers.hot is required (where training writes checkpoints)")
+        if self.tiers["hot"].kind != "posix":
+            raise ValueError("tiers.hot must be kind: posix (the training side writes to a filesystem)")
+        return self
+
+    def tier_names(self) -> list[str]:
+        return [name for name in TIER_ORDER if name in self.tiers]
+
+
+def load_config(path: str | Path) -> CkptflowConfig:
+    """Load and validate ``ckptflow.yaml``; ConfigError naming file, line and field otherwise."""
+    return validate(CkptflowConfig, load_yaml(path), str(path))

@@ -1,0 +1,236 @@
+"""A POSIX tier: node-local NVMe (hot) or any mounted parallel filesystem (warm: Lustre, WekaFS).
+
+Commit protocol: files are copied (checksummed in the same pass) into ``step-N.partial-<id>/``,
+fsynced, the manifest's exact bytes are written last, the directory is fsynced and renamed to
+``step-N/``, and the parent is fsynced. A directory without a manifest is not a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ckptflow.storage import layout
+from ckptflow.storage.atomic import fsync_path, publish_dir, write_file_atomic
+from ckptflow.storage.copy import ChecksumMismatch, copy_verified
+from ckptflow.storage.manifest import (
+    MANIFEST_NAME,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    parse_manifest,
+    read_manifest,
+)
+from ckptflow.storage.tier import Progress, TierError, TierVerifyReport, TransferResult
+from ckptflow.storage.verify import FileProblem, check_file, verify_files
+
+
+class PosixTier:
+    """Checkpoints under ``<root>/<run>/step-<N>/`` on a local or mounted filesystem."""
+
+    def __init__(self, name: str, root: str | Path, workers: int = 4) -> None:
+        self.name = name
+        self.root = Path(root)
+        self.workers = workers
+
+    def __repr__(self) -> str:
+        return f"PosixTier({self.name!r}, {str(self.root)!r})"
+
+    def run_dir(self, run: str) -> Path:
+        return self.root / run
+
+    def path(self, run: str, step: int) -> Path:
+        return self.run_dir(run) / layout.committed_name(step)
+
+    def uri(self, run: str, step: int) -> str:
+        return str(self.path(run, step))
+
+    def list_steps(self, run: str) -> list[int]:
+        if not self.run_dir(run).is_dir():
+            return []
+        return layout.committed_steps(self.run_dir(run))
+
+    def read_manifest(self, run: str, step: int) -> Manifest | None:
+        directory = self.path(run, step)
+        if not (directory / MANIFEST_NAME).is_file():
+            return None
+        return read_manifest(directory)
+
+    def _copy_entries(
+        self, source: Path, target: Path, entries: list[FileEntry], progress: Progress | None
+    ) -> tuple[int, int]:
+        """Copy ``entries`` from ``source`` into ``target`` in parallel; return (bytes, skipped files)."""
+        skipped = 0
+
+        def one(entry: FileEntry) -> int:
+            nonlocal skipped
+            dst = target / entry.path
+            # Resuming an interrupted copy: a file already there with the right bytes is kept.
+            if dst.is_file() and dst.stat().st_size == entry.size and check_file(target, entry) is None:
+                skipped += 1
+                return 0
+            return copy_verified(source / entry.path, dst, entry, progress)
+
+        threads = max(1, min(self.workers, len(entries)))
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"ckptflow-{self.name}") as pool:
+            copied = sum(pool.map(one, entries))
+        return copied, skipped
+
+    def _incoming(self, manifest: Manifest) -> Path:
+        # Named after the save id, so concurrent batches share it and a rerun resumes it.
+        return self.run_dir(manifest.run) / layout.partial_name(manifest.step, f"in-{manifest.save_id}")
+
+    def _committed_same(self, source: Path, manifest: Manifest) -> bool:
+        final = self.path(manifest.run, manifest.step)
+        if not (final / MANIFEST_NAME).is_file():
+            return False
+        if (final / MANIFEST_NAME).read_bytes() != (source / MANIFEST_NAME).read_bytes():
+            raise TierError(
+                f"{self.name}: {final} already holds a different checkpoint for step {manifest.step} "
+                "(manifest differs); refusing to overwrite a committed checkpoint"
+            )
+        return True
+
+    def put_files(
+        self,
+        source: Path,
+        manifest: Manifest,
+        paths: list[str] | None = None,
+        progress: Progress | None = None,
+        batch: int = 0,
+    ) -> TransferResult:
+        """Copy some of a checkpoint's files (all if ``paths`` is None) into its incoming directory.
+
+        Several batches may run at once (each passes its own ``batch`` number); nothing is visible
+        to readers until :meth:`commit`.
+        """
+        start = time.perf_counter()
+        final = self.path(manifest.run, manifest.step)
+        if self._committed_same(source, manifest):
+            return TransferResult(str(final), already_committed=True, seconds=time.perf_counter() - start)
+        wanted = set(paths) if paths is not None else None
+        entries = [e for e in manifest.files if wanted is None or e.path in wanted]
+        incoming = self._incoming(manifest)
+        try:
+            incoming.mkdir(parents=True, exist_ok=True)
+            with layout.writer_lock(incoming, batch):
+                copied, skipped = self._copy_entries(source, incoming, entries, progress)
+        except ChecksumMismatch as exc:
+            raise TierError(f"{self.name}: source file does not match its manifest: {exc}") from exc
+        except OSError as exc:
+            raise TierError(f"{self.name}: writing into {incoming} failed: {exc.strerror or exc}") from exc
+        return TransferResult(
+            str(final),
+            files=len(entries) - skipped,
+            bytes=copied,
+            skipped_files=skipped,
+            seconds=time.perf_counter() - start,
+        )
+
+    def commit(self, source: Path, manifest: Manifest) -> TransferResult:
+        """Publish the incoming directory: every file present at its size, manifest last, rename."""
+        start = time.perf_counter()
+        final = self.path(manifest.run, manifest.step)
+        if self._committed_same(source, manifest):
+            return TransferResult(str(final), already_committed=True, seconds=time.perf_counter() - start)
+        incoming = self._incoming(manifest)
+        for entry in manifest.files:
+            try:
+                size = (incoming / entry.path).stat().st_size
+            except FileNotFoundError:
+                raise TierError(
+                    f"{self.name}: cannot commit step {manifest.step}: {entry.path} was not copied"
+                ) from None
+            if size != entry.size:
+                raise TierError(
+                    f"{self.name}: cannot commit step {manifest.step}: {entry.path} is incomplete"
+                )
+        try:
+            write_file_atomic(incoming / MANIFEST_NAME, (source / MANIFEST_NAME).read_bytes())
+            for lock in incoming.glob(f"{layout.LOCK_PREFIX}*"):
+                lock.unlink()
+            fsync_path(incoming)
+            if not publish_dir(incoming, final):
+                shutil.rmtree(incoming, ignore_errors=True)
+        except OSError as exc:
+            raise TierError(f"{self.name}: committing {final} failed: {exc.strerror or exc}") from exc
+        return TransferResult(str(final), files=len(manifest.files), seconds=time.perf_counter() - start)
+
+    def put(self, source: Path, manifest: Manifest, progress: Progress | None = None) -> TransferResult:
+        copied = self.put_files(source, manifest, None, progress)
+        if copied.already_committed:
+            return copied
+        committed = self.commit(source, manifest)
+        copied.seconds += committed.seconds
+        return copied
+
+    def verify(self, run: str, step: int) -> TierVerifyReport:
+        directory = self.path(run, step)
+        try:
+            manifest = self.read_manifest(run, step)
+        except ManifestError as exc:
+            return TierVerifyReport(str(directory), None, [FileProblem(MANIFEST_NAME, "manifest", str(exc))])
+        if manifest is None:
+            return TierVerifyReport(
+                str(directory), None, [FileProblem(MANIFEST_NAME, "missing", "not committed")]
+            )
+        problems = verify_files(directory, manifest.files, self.workers)
+        return TierVerifyReport(str(directory), manifest, problems, manifest.total_bytes)
+
+    def fetch(self, run: str, step: int, dest: Path, progress: Progress | None = None) -> TransferResult:
+        start = time.perf_counter()
+        source = self.path(run, step)
+        try:
+            manifest_bytes = (source / MANIFEST_NAME).read_bytes()
+        except FileNotFoundError as exc:
+            raise TierError(f"{self.name}: no committed checkpoint at {source}") from exc
+        manifest = parse_manifest(manifest_bytes, where=str(source / MANIFEST_NAME))
+        if dest.exists():
+            raise TierError(f"{self.name}: fetch destination {dest} already exists")
+        partial = dest.parent / f"{dest.name}.partial-fetch{secrets.token_hex(4)}"
+        partial.mkdir(parents=True)
+        try:
+            with layout.writer_lock(partial, 0):  # start-up cleanup must not take a live fetch
+                copied, _ = self._copy_entries(source, partial, list(manifest.files), progress)
+                write_file_atomic(partial / MANIFEST_NAME, manifest_bytes)
+                for lock in partial.glob(f"{layout.LOCK_PREFIX}*"):
+                    lock.unlink()
+                fsync_path(partial)
+            if not publish_dir(partial, dest):
+                raise TierError(f"{self.name}: {dest} appeared while fetching; not overwritten")
+        except ChecksumMismatch as exc:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise TierError(f"{self.name}: {source}/{exc.path} is corrupt: {exc.detail}") from exc
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        return TransferResult(
+            str(dest), files=len(manifest.files), bytes=copied, seconds=time.perf_counter() - start
+        )
+
+    def delete(self, run: str, step: int) -> None:
+        directory = self.path(run, step)
+        if not directory.exists():
+            return
+        # Manifest first: from this instant no reader sees a checkpoint here.
+        (directory / MANIFEST_NAME).unlink(missing_ok=True)
+        fsync_path(directory)
+        doomed = directory.with_name(f"{directory.name}.deleting-{secrets.token_hex(4)}")
+        os.rename(directory, doomed)
+        fsync_path(directory.parent)
+        shutil.rmtree(doomed)
+
+    def cleanup_stale(self, older_than_s: float) -> list[str]:
+        removed: list[str] = []
+        if not self.root.is_dir():
+            return removed
+        for run_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            removed += [str(p) for p in layout.remove_stale_partials(run_dir, older_than_s)]
+            for doomed in run_dir.glob("step-*.deleting-*"):
+                shutil.rmtree(doomed, ignore_errors=True)
+                removed.append(str(doomed))
+        return removed

@@ -1,0 +1,91 @@
+"""DESIGN.md's dependency rule, enforced: flows -> tasks -> {catalog, storage, policy};
+training_hooks -> {storage, catalog, policy.cadence_math}; policy imports neither torch, SQL nor
+Prefect; heavy imports stay out of the training process's import time."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "ckptflow"
+
+ALLOWED_INTERNAL = {
+    "storage": {"storage"},
+    "policy": {"policy"},
+    "catalog": {"catalog", "storage"},
+    "training_hooks": {"training_hooks", "storage", "catalog", "policy.cadence_math"},
+    "tasks": {"tasks", "catalog", "storage", "policy"},
+    "flows": {"flows", "tasks", "catalog", "storage", "policy"},
+}
+FORBIDDEN_EXTERNAL = {
+    "storage": {"torch", "sqlalchemy", "sqlmodel", "prefect"},
+    "policy": {"torch", "sqlalchemy", "sqlmodel", "prefect"},
+    "catalog": {"torch", "prefect"},
+}
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(module, at_module_level) for every import in ``path``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top_level = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, id(node) in top_level) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, id(node) in top_level))
+    return found
+
+
+def _files(subpackage: str) -> list[Path]:
+    return sorted((PACKAGE / subpackage).rglob("*.py"))
+
+
+@pytest.mark.parametrize("subpackage", sorted(ALLOWED_INTERNAL))
+def test_internal_imports_follow_the_dependency_direction(subpackage: str) -> None:
+    allowed = ALLOWED_INTERNAL[subpackage]
+    for path in _files(subpackage):
+        for module, _ in _imports(path):
+            if not module.startswith("ckptflow.") or module in ("ckptflow",):
+                continue
+            target = module.removeprefix("ckptflow.")
+            ok = any(target == a or target.startswith(a + ".") for a in allowed)
+            assert ok, (
+                f"{path.relative_to(PACKAGE.parent)} imports {module}: {subpackage} may import only {allowed}"
+            )
+
+
+@pytest.mark.parametrize("subpackage", sorted(FORBIDDEN_EXTERNAL))
+def test_forbidden_third_party_imports(subpackage: str) -> None:
+    for path in _files(subpackage):
+        for module, _ in _imports(path):
+            root = module.split(".")[0]
+            assert root not in FORBIDDEN_EXTERNAL[subpackage], f"{path.name} imports {module}"
+
+
+def test_training_hooks_import_prefect_only_lazily() -> None:
+    for path in _files("training_hooks"):
+        for module, top in _imports(path):
+            if module.split(".")[0] in {
+                "prefect",
+                "boto3",
+                "great_expectations",
+                "pandas",
+                "sqlalchemy",
+                "sqlmodel",
+            }:
+                assert not top, f"{path.name} imports {module} at module level; import it lazily"
+
+
+def test_importing_the_training_api_loads_no_heavy_modules() -> None:
+    code = (
+        "import sys, ckptflow.training_hooks; "
+        "heavy = [m for m in ('prefect', 'boto3', 'sqlalchemy', 'sqlmodel', 'pandas', 'great_expectations') "
+        "if m in sys.modules]; print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"importing ckptflow.training_hooks loaded: {out.stdout.strip()}"

@@ -1,0 +1,221 @@
+"""The manifest: round trip, strict parsing, unsafe paths, unsupported versions, reading from disk."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ckptflow.storage import checksums
+from ckptflow.storage.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    UnsupportedManifestError,
+    finite_metrics,
+    manifest_checksum,
+    parse_manifest,
+    read_manifest,
+    safe_relative_path,
+)
+
+GOOD_CRC = checksums.checksum_bytes(b"123456789")
+
+
+def _manifest(**overrides) -> Manifest:
+    fields = {
+        "run": "demo",
+        "step": 40,
+        "world_size": 2,
+        "save_id": "abcd1234-40",
+        "files": (
+            FileEntry("__0_0.distcp", 9, GOOD_CRC, 0),
+            FileEntry("__1_0.distcp", 0, checksums.checksum_bytes(b""), 1),
+            FileEntry(".metadata", 5, checksums.checksum_bytes(b"meta!"), 0),
+        ),
+        "metrics": {"loss": 0.25},
+        "versions": {"torch": "2.13.0"},
+        "created_at": "2026-01-02T03:04:05Z",
+        "stats": {"stage_s": 0.01},
+    }
+    fields.update(overrides)
+    return Manifest(**fields)
+
+
+def _body(**overrides) -> dict:
+    body = json.loads(_manifest().to_json())
+    body.update(overrides)
+    return body
+
+
+def _parse(body: dict) -> Manifest:
+    return parse_manifest(json.dumps(body).encode(), where="/ckpt/step-40/manifest.json")
+
+
+def test_round_trip():
+    original = _manifest()
+    assert parse_manifest(original.to_json()) == original
+    assert original.total_bytes == 14
+    assert original.format_version == FORMAT_VERSION == 1
+
+
+def test_to_json_is_strict_json():
+    with pytest.raises(ValueError):
+        _manifest(metrics={"loss": math.nan}).to_json()
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b"[]", "not a ckptflow manifest"),
+        (json.dumps({"format": "something.else", "format_version": 1}).encode(), "not a ckptflow manifest"),
+    ],
+)
+def test_garbage_is_a_manifest_error_naming_the_source(data, match):
+    with pytest.raises(ManifestError, match=match) as info:
+        parse_manifest(data, where="/ckpt/step-7/manifest.json")
+    assert "/ckpt/step-7/manifest.json" in str(info.value)
+    assert not isinstance(info.value, UnsupportedManifestError)
+
+
+def test_unsupported_version_is_its_own_error():
+    with pytest.raises(UnsupportedManifestError, match="format_version 99") as info:
+        _parse(_body(format_version=99))
+    assert "/ckpt/step-40/manifest.json" in str(info.value)
+    assert isinstance(info.value, ManifestError)  # callers catching ManifestError still stop
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("format_version", True, "format_version"),  # bool is not an int here
+        ("format_version", "1", "format_version"),
+        ("step", -1, "step must be >= 0"),
+        ("step", 1.5, "'step'"),
+        ("world_size", 0, "world_size >= 1"),
+        ("run", 3, "'run'"),
+        ("save_id", None, "'save_id'"),
+        ("files", {}, "'files'"),
+        ("checksum_algorithm", "crc32c", "crc32c"),
+        ("metrics", [1, 2], "metrics"),
+    ],
+)
+def test_bad_fields(field, value, match):
+    with pytest.raises(ManifestError, match=match):
+        _parse(_body(**{field: value}))
+
+
+@pytest.mark.parametrize("field", ["format_version", "step", "world_size", "run", "save_id", "files"])
+def test_missing_required_field(field):
+    body = _body()
+    del body[field]
+    with pytest.raises(ManifestError, match=f"missing field '{field}'"):
+        _parse(body)
+
+
+def _with_file(**entry) -> dict:
+    body = _body()
+    body["files"][0].update(entry)
+    return body
+
+
+@pytest.mark.parametrize(
+    ("entry", "match"),
+    [
+        ({"size": -1}, "size must be >= 0"),
+        ({"size": "9"}, "'size'"),
+        ({"checksum": "abc"}, "not a base64 CRC64NVME"),
+        ({"checksum": checksums.encode(1)[:-4]}, "not a base64 CRC64NVME"),
+        ({"path": "__1_0.distcp"}, "duplicate path"),
+        ({"path": MANIFEST_NAME}, "cannot list itself"),
+    ],
+)
+def test_bad_file_entries(entry, match):
+    with pytest.raises(ManifestError, match=match) as info:
+        _parse(_with_file(**entry))
+    # The entry is named: files[0] itself, or for a duplicate the later entry that repeats it.
+    assert "files[0]" in str(info.value) or "files[1]: duplicate" in str(info.value)
+
+
+def test_file_entry_not_an_object():
+    body = _body()
+    body["files"][1] = "__1_0.distcp"
+    with pytest.raises(ManifestError, match=r"files\[1\]: expected an object"):
+        _parse(body)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../escape",
+        "/etc/passwd",
+        "a/../../b",
+        "sub/../x",
+        "a//b",
+        "a/",
+        "./..",
+        "..",
+        "a\\..\\b",
+        "",
+        None,
+        7,
+    ],
+)
+def test_paths_outside_the_directory_are_refused(path):
+    with pytest.raises(ManifestError):
+        _parse(_with_file(path=path))
+    with pytest.raises(ManifestError):
+        safe_relative_path(path, "here")
+
+
+@pytest.mark.parametrize("path", ["__0_0.distcp", ".hidden", "rank0/shard.bin", "a.b/c..d"])
+def test_plain_relative_paths_are_accepted(path):
+    assert safe_relative_path(path, "here") == path
+    assert _parse(_with_file(path=path)).files[0].path == path
+
+
+def test_non_numeric_metrics_are_dropped_on_parse():
+    parsed = _parse(_body(metrics={"loss": 1, "lr": 0.5, "note": "text", "flag": None}))
+    assert parsed.metrics == {"loss": 1.0, "lr": 0.5}
+
+
+def test_finite_metrics():
+    assert finite_metrics({"loss": 2, "acc": 0.5, "bad": math.inf, "nan": math.nan}) == {
+        "loss": 2.0,
+        "acc": 0.5,
+    }
+    assert finite_metrics(None) == {}
+    with pytest.raises(ValueError, match="'name'"):
+        finite_metrics({"name": "resnet"})
+
+
+def test_read_manifest_from_disk(tmp_path):
+    original = _manifest()
+    (tmp_path / MANIFEST_NAME).write_bytes(original.to_json())
+    assert read_manifest(tmp_path) == original
+    assert manifest_checksum(tmp_path) == checksums.checksum_bytes(original.to_json())
+
+
+def test_read_manifest_missing_names_the_path(tmp_path):
+    with pytest.raises(ManifestError, match="no manifest") as info:
+        read_manifest(tmp_path / "step-3")
+    assert str(tmp_path / "step-3" / MANIFEST_NAME) in str(info.value)
+
+
+def test_read_manifest_unreadable_names_the_path(tmp_path):
+    (tmp_path / MANIFEST_NAME).mkdir()  # reading a directory fails with an OSError
+    with pytest.raises(ManifestError, match="cannot read manifest") as info:
+        read_manifest(tmp_path)
+    assert str(tmp_path / MANIFEST_NAME) in str(info.value)
+
+
+def test_read_manifest_unsupported_version_names_the_path(tmp_path):
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(_body(format_version=2)))
+    with pytest.raises(UnsupportedManifestError) as info:
+        read_manifest(tmp_path)
+    assert str(tmp_path / MANIFEST_NAME) in str(info.value)
