@@ -5,7 +5,7 @@ the only package that writes catalog SQL; everything else calls :class:`Catalog`
 disk remain the truth: :func:`sync_from_root` rebuilds the catalog from them.
 """
 
-from ckptflow.catalog.catalog import STAGED_EVENT, Catalog, NotFound
+from ckptflow.catalog.catalog import STAGED_EVENT, Catalog
 from ckptflow.catalog.engine import normalize_url
 from ckptflow.catalog.models import (
     LIVE_STATES,
@@ -18,6 +18,7 @@ from ckptflow.catalog.models import (
     ReplicaState,
     Run,
 )
+from ckptflow.catalog.rows import NotFound
 from ckptflow.catalog.sync import SyncReport, sync_from_root
 from ckptflow.catalog.transitions import CHECKPOINT_TRANSITIONS, REPLICA_TRANSITIONS, IllegalTransition
 

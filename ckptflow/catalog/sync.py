@@ -25,16 +25,17 @@ from pathlib import Path
 
 from sqlmodel import Session, col, select
 
-from ckptflow.catalog.catalog import (
-    Catalog,
+from ckptflow.catalog.catalog import Catalog
+from ckptflow.catalog.models import LIVE_STATES, Checkpoint, CheckpointState, Replica, ReplicaState, utcnow
+from ckptflow.catalog.rows import (
     commit_checkpoint,
     get_or_create_checkpoint,
+    is_legal,
     lock_replica,
     log_event,
     set_replica,
 )
-from ckptflow.catalog.models import LIVE_STATES, Checkpoint, CheckpointState, Replica, ReplicaState, utcnow
-from ckptflow.catalog.transitions import check_replica, transition_checkpoint
+from ckptflow.catalog.transitions import transition_checkpoint
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import (
     MANIFEST_NAME,
@@ -240,7 +241,7 @@ def _sync_quarantined(
     uri = str(path)
     hot_changed = False
     hot = lock_replica(session, cp.id, "hot")  # type: ignore[arg-type]
-    if hot is None or _may(hot, ReplicaState.CORRUPT):
+    if hot is None or (hot.state != ReplicaState.CORRUPT and is_legal(hot, ReplicaState.CORRUPT)):
         set_replica(session, cp, "hot", ReplicaState.CORRUPT, now=now, uri=uri, reason=cp.reason)
         hot_changed = True
     elif hot.state == ReplicaState.CORRUPT and hot.uri != uri:
@@ -250,13 +251,6 @@ def _sync_quarantined(
         report.created += 1
     elif hot_changed and not became_corrupt:
         report.updated += 1
-
-
-def _may(replica: Replica, to: ReplicaState) -> bool:
-    try:
-        return check_replica(replica, to)
-    except ValueError:
-        return False
 
 
 def _local_path(uri: str) -> Path | None:
