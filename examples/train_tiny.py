@@ -96,11 +96,17 @@ def param_digest(model: torch.nn.Module) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", required=True, help="checkpoint root directory (hot tier)")
+    ap.add_argument("--root", default=None, help="checkpoint root directory (hot tier)")
+    ap.add_argument(
+        "--config", default=None, help="ckptflow.yaml: hot root, catalog, Prefect, fallback tiers"
+    )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--save-every", type=int, default=10)
     ap.add_argument("--run", default="tiny")
     ap.add_argument("--catalog", default=None, help="catalog URL or SQLite path")
+    ap.add_argument(
+        "--prefect-api-url", default=None, help="Prefect API that receives 'checkpoint staged' events"
+    )
     ap.add_argument("--hidden", type=int, default=256, help="hidden width (bigger = slower saves)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
@@ -131,15 +137,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.trace_phases:
             print(f"PHASE {phase}", flush=True)
 
-    ckpt = Checkpointer(
-        run=args.run,
-        root=args.root,
-        catalog=args.catalog,
-        cadence=Cadence.every_steps(args.save_every),
-        on_busy=args.on_busy,
-        stale_partial_age_s=0.0,
-        on_phase=trace,
-    )
+    options = {
+        "cadence": Cadence.every_steps(args.save_every),
+        "on_busy": args.on_busy,
+        "stale_partial_age_s": 0.0,
+        "on_phase": trace,
+    }
+    if args.config:
+        ckpt = Checkpointer.from_config(args.run, args.config, **options)
+    elif args.root:
+        ckpt = Checkpointer(
+            run=args.run,
+            root=args.root,
+            catalog=args.catalog,
+            prefect_api_url=args.prefect_api_url,
+            **options,
+        )
+    else:
+        ap.error("give --root DIR or --config ckptflow.yaml")
     start = ckpt.restore(state)
     print(f"START {start}", flush=True)
     batches = iter(())

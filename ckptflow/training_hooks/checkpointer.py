@@ -19,7 +19,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,8 +28,11 @@ from typing import Any, Literal
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
+from ckptflow.policy.config import load_config
 from ckptflow.storage import layout
+from ckptflow.storage.from_config import build_tiers
 from ckptflow.storage.manifest import MANIFEST_NAME, finite_metrics
+from ckptflow.storage.tier import Tier
 from ckptflow.training_hooks import ranks
 from ckptflow.training_hooks.cadence import Cadence
 from ckptflow.training_hooks.catalog_client import CatalogHandle
@@ -86,6 +89,8 @@ class Checkpointer:
         prefect_api_url: Prefect API (e.g. ``http://127.0.0.1:4200/api``) that receives the
             ``ckptflow.checkpoint.staged`` event after each commit, from the background thread, within
             ``event_timeout_s``. None: no event (the outbox row still records the commit).
+        fallback_tiers: colder tiers (warm, then cold) that restore fetches from when the hot root
+            lacks the newest checkpoint (a replacement node) or its copy is corrupt.
     """
 
     def __init__(
@@ -102,6 +107,7 @@ class Checkpointer:
         on_phase: Callable[[str], None] | None = None,
         prefect_api_url: str | None = None,
         event_timeout_s: float = 5.0,
+        fallback_tiers: Sequence[Tier] = (),
     ) -> None:
         if not run or not all(c.isalnum() or c in "-_." for c in run):
             raise ValueError(f"Checkpointer.run: use letters, digits, '-', '_' or '.', got {run!r}")
@@ -118,6 +124,7 @@ class Checkpointer:
         self.stale_partial_age_s = stale_partial_age_s
         self.verify_workers = verify_workers
         self.write_hook = write_hook
+        self.fallback_tiers = list(fallback_tiers)
         self._on_phase = on_phase or (lambda _phase: None)
         self.rank = ranks.rank()
         self.world_size = ranks.world_size()
@@ -132,6 +139,23 @@ class Checkpointer:
         self._incarnation: str | None = None
         self._closed = False
         self.stats = CheckpointerStats()
+
+    @classmethod
+    def from_config(cls, run: str, config_path: str | Path, **kwargs: Any) -> Checkpointer:
+        """A Checkpointer for ``run`` from ``ckptflow.yaml``: hot root ``<tiers.hot.root>/<run>``,
+        the catalog, the Prefect API for staged events, and warm/cold tiers as restore fallbacks.
+        Keyword arguments override or add to these (e.g. ``cadence=``)."""
+        config = load_config(config_path)
+        tiers = build_tiers(config)
+        hot = tiers["hot"]
+        defaults: dict[str, Any] = {
+            "root": Path(hot.root) / run,  # type: ignore[attr-defined]
+            "catalog": config.catalog,
+            "prefect_api_url": config.prefect.api_url,
+            "event_timeout_s": config.prefect.emit_timeout_s,
+            "fallback_tiers": [tiers[name] for name in config.tier_names() if name != "hot"],
+        }
+        return cls(run=run, **{**defaults, **kwargs})
 
     # --- set-up -----------------------------------------------------------------------------
 
@@ -174,7 +198,9 @@ class Checkpointer:
                 log.info("removed stale partial checkpoint directory %s", path)
             if self._catalog is not None:
                 self._catalog.call("ensure_run", self.run, str(self.root))
-        step, directory, report = choose_checkpoint(self.root, self._quarantine, self.verify_workers)
+        step, directory, report = choose_checkpoint(
+            self.root, self._quarantine, self.verify_workers, self.run, self.fallback_tiers
+        )
         report.removed_partials = removed
         if directory is not None:
             t0 = time.perf_counter()

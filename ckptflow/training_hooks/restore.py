@@ -44,6 +44,8 @@ class RestoreReport:
     path: Path | None = None
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (step, reason), quarantined
     removed_partials: list[str] = field(default_factory=list)
+    source: str = "hot"  # the tier the checkpoint came from
+    fetch_s: float = 0.0
     verify_s: float = 0.0
     load_s: float = 0.0
     bytes_verified: int = 0
@@ -53,8 +55,9 @@ class RestoreReport:
             text = "no committed checkpoint that verifies: starting fresh at step 0"
         else:
             text = (
-                f"restored step {self.step} from {self.path} "
-                f"(verify {self.verify_s:.2f} s for {self.bytes_verified / 1e6:.1f} MB on this rank, "
+                f"restored step {self.step} from {self.path} (source tier: {self.source}; "
+                f"fetch {self.fetch_s:.2f} s, verify {self.verify_s:.2f} s "
+                f"for {self.bytes_verified / 1e6:.1f} MB on this rank, "
                 f"load {self.load_s:.2f} s)"
             )
         for step, reason in self.rejected:
@@ -118,24 +121,75 @@ def load_checkpoint(state: dict[str, Any], directory: Path) -> None:
         obj.load_state_dict(template[key])
 
 
+def _propose(
+    root: Path,
+    run: str,
+    fallbacks: list[Any],
+    exhausted: set[int],
+    tried: dict[int, set[str]],
+    report: RestoreReport,
+) -> tuple[int | None, str]:
+    """Rank 0: the newest step that is on the hot root, or that a colder tier can supply (fetched
+    into the hot root now, checksums verified while downloading). Returns (step, source tier)."""
+    remote: dict[str, list[int]] = {}
+    for tier in fallbacks:
+        try:
+            remote[tier.name] = tier.list_steps(run)
+        except Exception as exc:  # noqa: BLE001 - an unreachable tier must not stop the restore
+            log.warning("tier %s unavailable for restore: %s", tier.name, exc)
+            remote[tier.name] = []
+    while True:
+        on_hot = set(layout.committed_steps(root))
+        candidates = (on_hot | {s for steps in remote.values() for s in steps}) - exhausted
+        if not candidates:
+            return None, ""
+        step = max(candidates)
+        if step in on_hot:
+            return step, "hot"
+        for tier in fallbacks:
+            if step not in remote[tier.name] or tier.name in tried.setdefault(step, set()):
+                continue
+            tried[step].add(tier.name)
+            t0 = time.perf_counter()
+            try:
+                tier.fetch(run, step, root / layout.committed_name(step))
+            except Exception as exc:  # noqa: BLE001 - a bad copy on one tier: try the next tier
+                log.error("fetching step %d from %s failed: %s", step, tier.name, exc)
+                report.rejected.append((step, f"{tier.name} copy unusable: {exc}"))
+                continue
+            report.fetch_s += time.perf_counter() - t0
+            log.info(
+                "step %d was not on the hot tier: fetched from %s in %.2f s",
+                step,
+                tier.name,
+                time.perf_counter() - t0,
+            )
+            return step, tier.name
+        exhausted.add(step)
+
+
 def choose_checkpoint(
     root: Path,
     quarantine: Any,
     verify_workers: int | None = None,
+    run: str = "",
+    fallbacks: list[Any] | None = None,
 ) -> tuple[int, Path | None, RestoreReport]:
     """Agree on the newest checkpoint that verifies on every rank (collectives: training thread).
 
     ``quarantine(step, directory, reason)`` is called on rank 0 for each candidate that fails.
+    ``fallbacks`` are colder tiers (warm, then cold) to fetch from when the hot root lacks a step or
+    its copy is corrupt.
     """
     report = RestoreReport()
     rank, world = ranks.rank(), ranks.world_size()
-    rejected: set[int] = set()
+    exhausted: set[int] = set()
+    tried: dict[int, set[str]] = {}
     while True:
-        proposal = None
+        proposal: tuple[int | None, str] = (None, "")
         if rank == 0:
-            steps = [s for s in layout.committed_steps(root) if s not in rejected]
-            proposal = steps[0] if steps else None
-        step = ranks.broadcast(proposal)
+            proposal = _propose(root, run, list(fallbacks or []), exhausted, tried, report)
+        step, source = ranks.broadcast(proposal)
         if step is None:
             return 0, None, report
         directory = root / layout.committed_name(step)
@@ -147,11 +201,10 @@ def choose_checkpoint(
         everyone = ranks.all_gather(problems)
         failed = [p for rank_problems in everyone for p in rank_problems]
         if not failed:
-            report.step, report.path = step, directory
+            report.step, report.path, report.source = step, directory, source
             return step, directory, report
         reason = "; ".join(failed[:5]) + (f" (+{len(failed) - 5} more)" if len(failed) > 5 else "")
         report.rejected.append((step, reason))
-        rejected.add(step)
         if rank == 0:
             log.error("checkpoint step %d failed verification, quarantining it: %s", step, reason)
             quarantine(step, directory, reason)

@@ -1,0 +1,1 @@
+"""Prefect flows (composition only) and the deployments that run them on events and schedules."""

@@ -1,0 +1,76 @@
+"""The deployments: promote on every staged event; reconcile and scrub on schedules.
+
+``python -m ckptflow.flows.deployments --config ckptflow.yaml`` serves them (a long-running process;
+``ckptflow services up`` starts it). The same deployments are declared for work pools in
+``infra/prefect.yaml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from prefect import serve
+from prefect.events import DeploymentEventTrigger
+
+from ckptflow.catalog import STAGED_EVENT
+from ckptflow.flows.promote import promote
+from ckptflow.flows.reconcile import reconcile
+from ckptflow.flows.scrub import scrub
+
+PROMOTE_DEPLOYMENT = "promote-on-staged"
+RECONCILE_DEPLOYMENT = "reconcile-every-5-min"
+SCRUB_DEPLOYMENT = "scrub-daily"
+
+
+def deployments(config_path: str, reconcile_interval_s: int = 300, scrub_cron: str = "17 3 * * *") -> list:
+    """The RunnerDeployments for ``config_path`` (absolute, so served runs find it)."""
+    config = str(Path(config_path).resolve())
+    on_staged = DeploymentEventTrigger(
+        name="checkpoint staged",
+        expect={STAGED_EVENT},
+        match={"prefect.resource.id": "ckptflow.checkpoint.*"},
+        # Payload fields keep their JSON types (step is an int); resource labels would be strings.
+        parameters={
+            "run": "{{ event.payload.run }}",
+            "step": "{{ event.payload.step }}",
+            "config_path": config,
+        },
+    )
+    return [
+        promote.to_deployment(
+            name=PROMOTE_DEPLOYMENT,
+            triggers=[on_staged],
+            parameters={"config_path": config},
+            description="Verify and copy a checkpoint hot -> warm -> cold when training stages it.",
+            tags=["ckptflow"],
+        ),
+        reconcile.to_deployment(
+            name=RECONCILE_DEPLOYMENT,
+            interval=reconcile_interval_s,
+            parameters={"config_path": config},
+            description="Promote what events missed, clean interrupted uploads, mark vanished replicas.",
+            tags=["ckptflow"],
+        ),
+        scrub.to_deployment(
+            name=SCRUB_DEPLOYMENT,
+            cron=scrub_cron,
+            parameters={"config_path": config},
+            description="Re-verify warm and cold replicas and repair corrupt ones.",
+            tags=["ckptflow"],
+        ),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Serve the ckptflow deployments (blocks).")
+    ap.add_argument("--config", required=True, help="path to ckptflow.yaml")
+    ap.add_argument("--reconcile-interval-s", type=int, default=300)
+    args = ap.parse_args(argv)
+    serve(*deployments(args.config, args.reconcile_interval_s), limit=8)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""``promote``: hot -> warm -> cold for one checkpoint, verified at every hop, idempotent.
+
+Triggered by the ``ckptflow.checkpoint.staged`` event (and runnable by hand for any run/step):
+verify the hot copy against its manifest, copy it to warm (batches in parallel, atomic publish),
+verify, upload it to S3 (multipart, each file's manifest CRC supplied so S3 verifies the full
+object), confirm the stored checksums, manifest object last, and mark the replicas READY.
+A rerun skips replicas that already verify and resumes interrupted copies.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica
+from ckptflow.tasks.replica_tasks import (
+    commit_replica,
+    copy_batch,
+    hot_manifest,
+    verify_hot_batch,
+    verify_replica,
+)
+from ckptflow.tasks.tiers import file_batches, load
+
+
+class PromotionError(RuntimeError):
+    """A replica could not be made and verified; the hot copy is untouched."""
+
+
+def _promote_to(
+    config_path: str, run: str, step: int, tier: str, batches: list[list[str]], checkpoint_id: int
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    existing = verify_replica(config_path, run, step, tier)
+    if existing["ok"]:
+        record_replica(
+            config_path, checkpoint_id, tier, "ready", uri=existing["uri"], bytes=existing["bytes"]
+        )
+        return {
+            "tier": tier,
+            "action": "already verified",
+            "files": 0,
+            "bytes": 0,
+            "data_s": 0.0,
+            "seconds": round(time.perf_counter() - started, 3),
+            "uri": existing["uri"],
+        }
+    record_replica(config_path, checkpoint_id, tier, "pending", uri=existing["uri"])
+    record_replica(config_path, checkpoint_id, tier, "copying", uri=existing["uri"])
+    futures = [copy_batch.submit(config_path, run, step, tier, paths, i) for i, paths in enumerate(batches)]
+    copied = [f.result() for f in futures]
+    uri = commit_replica(config_path, run, step, tier)
+    report = verify_replica(config_path, run, step, tier)
+    if not report["ok"]:
+        record_replica(
+            config_path, checkpoint_id, tier, "corrupt", uri=uri, reason="; ".join(report["problems"])
+        )
+        raise PromotionError(f"{tier} replica of {run} step {step} failed verification: {report['problems']}")
+    record_replica(config_path, checkpoint_id, tier, "ready", uri=uri, bytes=report["bytes"])
+    return {
+        "tier": tier,
+        "action": "copied",
+        "files": sum(c["files"] for c in copied),
+        "bytes": sum(c["bytes"] for c in copied),
+        "data_s": round(max((c["seconds"] for c in copied), default=0.0), 3),
+        "seconds": round(time.perf_counter() - started, 3),
+        "uri": uri,
+    }
+
+
+@flow(name="promote", task_runner=ThreadPoolTaskRunner(max_workers=8), log_prints=False)
+def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
+    """Copy checkpoint (run, step) from the hot tier to every colder tier, verifying each copy."""
+    logger = get_run_logger()
+    config, tiers = load(config_path)
+    _, manifest = hot_manifest(config_path, run, step)
+    checkpoint_id = ensure_checkpoint_row(config_path, run, step)
+    batches = file_batches(manifest)
+    problems = [
+        p for f in [verify_hot_batch.submit(config_path, run, step, b) for b in batches] for p in f.result()
+    ]
+    if problems:
+        record_replica(config_path, checkpoint_id, "hot", "corrupt", reason="; ".join(problems[:5]))
+        raise PromotionError(f"hot copy of {run} step {step} does not match its manifest: {problems[:5]}")
+    rows = []
+    for tier in [t for t in config.tier_names() if t != "hot"]:
+        row = _promote_to(config_path, run, step, tier, batches, checkpoint_id)
+        logger.info(
+            "%s step %d -> %s: %s (%d files, %d bytes, %.2f s)",
+            run,
+            step,
+            tier,
+            row["action"],
+            row["files"],
+            row["bytes"],
+            row["seconds"],
+        )
+        rows.append(row)
+    create_table_artifact(
+        key=f"promote-{_slug(run)}",
+        table=[{"run": run, "step": step, "batches": len(batches), **row} for row in rows],
+        description=f"promote {run} step {step}: {len(manifest.files)} files, {manifest.total_bytes} bytes",
+    )
+    del tiers
+    return rows
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-") or "run"

@@ -1,0 +1,70 @@
+"""Tasks that record what the pipeline did in the catalog."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from ckptflow.catalog import Catalog, CheckpointState, ReplicaState
+from ckptflow.catalog.sync import sync_from_root
+from ckptflow.catalog.transitions import IllegalTransition
+from ckptflow.tasks.tiers import load
+
+
+def checkpoint_row(catalog: Catalog, run: str, step: int) -> Any | None:
+    """The live (committed or verified) catalog row of (run, step), if any."""
+    for row in catalog.checkpoints(run):
+        if row.step == step and row.state in (CheckpointState.COMMITTED, CheckpointState.VERIFIED):
+            return row
+    return None
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def ensure_checkpoint_row(config_path: str, run: str, step: int) -> int:
+    """The catalog id of (run, step); rebuilt from the hot manifest if training could not record it."""
+    config, tiers = load(config_path)
+    catalog = Catalog.open(config.catalog)
+    try:
+        row = checkpoint_row(catalog, run, step)
+        if row is None:
+            hot = tiers["hot"]
+            sync_from_root(catalog, str(hot.run_dir(run)), run=run)  # type: ignore[attr-defined]
+            row = checkpoint_row(catalog, run, step)
+        if row is None:
+            raise ValueError(f"checkpoint {run} step {step} is neither in the catalog nor committed on hot")
+        return int(row.id)
+    finally:
+        catalog.dispose()
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def record_replica(
+    config_path: str,
+    checkpoint_id: int,
+    tier: str,
+    state: str,
+    uri: str | None = None,
+    bytes: int | None = None,
+    reason: str | None = None,
+) -> str:
+    """Move a replica to ``state``; a repeat of its current state is a no-op. Returns the new state."""
+    config, _ = load(config_path)
+    catalog = Catalog.open(config.catalog)
+    try:
+        target = ReplicaState(state)
+        current = {r.tier: r for r in catalog.replicas(checkpoint_id)}.get(tier)
+        if current is not None and current.state == target:
+            return target.value
+        if target == ReplicaState.COPYING and current is not None and current.state != ReplicaState.PENDING:
+            return current.state.value  # re-copying a corrupt/lost replica: it goes straight to READY
+        try:
+            catalog.set_replica_state(checkpoint_id, tier, target, uri=uri, bytes=bytes, reason=reason)
+        except IllegalTransition:
+            if current is not None and current.state == ReplicaState.DELETED:
+                raise
+            raise
+        return target.value
+    finally:
+        catalog.dispose()

@@ -1,0 +1,119 @@
+"""Tasks that move and prove replicas, one batch of files per task."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from ckptflow.storage.manifest import Manifest
+from ckptflow.storage.posix_tier import PosixTier
+from ckptflow.storage.tier import Tier
+from ckptflow.storage.verify import verify_files
+from ckptflow.tasks.tiers import load
+
+
+def _hot(tiers: dict[str, Tier]) -> PosixTier:
+    hot = tiers["hot"]
+    assert isinstance(hot, PosixTier)
+    return hot
+
+
+def hot_manifest(config_path: str, run: str, step: int) -> tuple[Path, Manifest]:
+    """The hot copy's directory and manifest; ValueError if it is not committed there."""
+    _, tiers = load(config_path)
+    hot = _hot(tiers)
+    manifest = hot.read_manifest(run, step)
+    if manifest is None:
+        raise ValueError(
+            f"checkpoint {run} step {step} is not committed on the hot tier ({hot.path(run, step)})"
+        )
+    return hot.path(run, step), manifest
+
+
+@task(cache_policy=NO_CACHE)
+def verify_hot_batch(config_path: str, run: str, step: int, paths: list[str]) -> list[str]:
+    """Re-hash a batch of the hot copy's files against the manifest; return the problems found."""
+    directory, manifest = hot_manifest(config_path, run, step)
+    wanted = set(paths)
+    entries = [e for e in manifest.files if e.path in wanted]
+    return [str(p) for p in verify_files(directory, entries)]
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def copy_batch(
+    config_path: str, run: str, step: int, tier: str, paths: list[str], batch: int
+) -> dict[str, Any]:
+    """Copy a batch of files from the hot copy to ``tier`` (checksummed in the same pass)."""
+    directory, manifest = hot_manifest(config_path, run, step)
+    _, tiers = load(config_path)
+    result = tiers[tier].put_files(directory, manifest, paths, batch=batch)  # type: ignore[attr-defined]
+    return {
+        "files": result.files,
+        "bytes": result.bytes,
+        "skipped": result.skipped_files,
+        "seconds": result.seconds,
+        "already": result.already_committed,
+    }
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def commit_replica(config_path: str, run: str, step: int, tier: str) -> str:
+    """Make the replica visible: manifest last (and rename, on POSIX)."""
+    directory, manifest = hot_manifest(config_path, run, step)
+    _, tiers = load(config_path)
+    return tiers[tier].commit(directory, manifest).uri  # type: ignore[attr-defined]
+
+
+@task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def verify_replica(config_path: str, run: str, step: int, tier: str) -> dict[str, Any]:
+    """Check a tier's copy against its manifest (POSIX: re-hash; S3: stored full-object CRCs)."""
+    _, tiers = load(config_path)
+    report = tiers[tier].verify(run, step)
+    return {
+        "ok": report.ok,
+        "uri": report.uri,
+        "problems": [str(p) for p in report.problems],
+        "bytes": report.manifest.total_bytes if report.manifest else 0,
+        "present": report.manifest is not None,
+    }
+
+
+@task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def repair_replica(config_path: str, run: str, step: int, tier: str, source_tier: str) -> str:
+    """Replace a corrupt replica with a verified copy from ``source_tier`` (fetched locally first
+    when the source is remote)."""
+    _, tiers = load(config_path)
+    target, source = tiers[tier], tiers[source_tier]
+    target.delete(run, step)
+    if isinstance(source, PosixTier):
+        local = source.path(run, step)
+        manifest = source.read_manifest(run, step)
+        assert manifest is not None
+        return target.put(local, manifest).uri
+    scratch = Path(tempfile.mkdtemp(prefix="ckptflow-repair-"))
+    try:
+        local = scratch / f"step-{step}"
+        source.fetch(run, step, local)  # verifies every checksum while downloading
+        manifest = source.read_manifest(run, step)
+        assert manifest is not None
+        return target.put(local, manifest).uri
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@task(cache_policy=NO_CACHE)
+def cleanup_tier(config_path: str, tier: str, older_than_s: float) -> list[str]:
+    """Remove interrupted work on a tier: stale partial directories, incomplete multipart uploads."""
+    _, tiers = load(config_path)
+    return tiers[tier].cleanup_stale(older_than_s)
+
+
+@task(cache_policy=NO_CACHE)
+def replica_present(config_path: str, run: str, step: int, tier: str) -> bool:
+    _, tiers = load(config_path)
+    return tiers[tier].read_manifest(run, step) is not None

@@ -1,0 +1,30 @@
+"""Plain functions: build tiers from ``ckptflow.yaml`` and split a checkpoint into file batches."""
+
+from __future__ import annotations
+
+from ckptflow.policy.config import CkptflowConfig, load_config
+from ckptflow.storage.from_config import build_tiers
+from ckptflow.storage.manifest import FileEntry, Manifest
+from ckptflow.storage.tier import Tier
+
+DEFAULT_MAX_BATCHES = 16
+
+
+def load(config_path: str) -> tuple[CkptflowConfig, dict[str, Tier]]:
+    config = load_config(config_path)
+    return config, build_tiers(config)
+
+
+def file_batches(manifest: Manifest, max_batches: int = DEFAULT_MAX_BATCHES) -> list[list[str]]:
+    """Split the files into at most ``max_batches`` groups of similar byte size (largest first).
+
+    One task per batch, not per file: a 1,024-file checkpoint becomes at most ``max_batches`` tasks.
+    """
+    count = max(1, min(max_batches, len(manifest.files)))
+    groups: list[list[FileEntry]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for entry in sorted(manifest.files, key=lambda e: (-e.size, e.path)):
+        smallest = loads.index(min(loads))
+        groups[smallest].append(entry)
+        loads[smallest] += entry.size
+    return [[e.path for e in group] for group in groups if group]
