@@ -27,7 +27,7 @@ test: $(STAMP)
 	bash scripts/run_tests.sh
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check ckptflow tests bench examples
+	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
 	$(PY) bench/stall.py

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv
 mkdir -p .scratch
-"$VENV/bin/ruff" check ckptflow tests bench examples
+"$VENV/bin/ruff" check .
 
 PG_DIR=.scratch/pg-test
 if [ "${CKPTFLOW_SKIP_POSTGRES:-0}" != "1" ]; then

@@ -34,7 +34,7 @@ from ckptflow.storage.from_config import build_tiers
 from ckptflow.storage.manifest import MANIFEST_NAME, finite_metrics
 from ckptflow.storage.tier import Tier
 from ckptflow.training_hooks import ranks
-from ckptflow.training_hooks.cadence import Cadence
+from ckptflow.training_hooks.cadence import Cadence, CadenceMode
 from ckptflow.training_hooks.catalog_client import CatalogHandle
 from ckptflow.training_hooks.events import EventPoster
 from ckptflow.training_hooks.restore import RestoreReport, choose_checkpoint, load_checkpoint
@@ -223,7 +223,7 @@ class Checkpointer:
     def maybe_save(self, step: int, state: dict[str, Any], metrics: dict[str, Any] | None = None) -> bool:
         """Save if the cadence says ``step`` is due; return whether a save was started."""
         due = self.cadence.is_due(step)
-        if self.world_size > 1 and self.cadence.mode != "steps":
+        if self.world_size > 1 and self.cadence.mode is not CadenceMode.STEPS:
             due = bool(ranks.broadcast(due))  # clocks differ across ranks; rank 0 decides
         if not due:
             return False
@@ -248,13 +248,15 @@ class Checkpointer:
             self.stats.skipped_existing += 1
             log.info("step %d is already committed; save is a no-op", step)
             return False
-        if any(b for b, _ in flags):
+        busy_ranks = [r for r, (b, _) in enumerate(flags) if b]
+        if busy_ranks:
             if self.on_busy == "skip":
                 self.stats.skipped_busy += 1
                 log.warning(
-                    "save of step %d skipped: the previous save is still being written "
+                    "save of step %d skipped: the previous save is still being written on rank(s) %s "
                     "(%d skipped so far; on_busy='wait' blocks instead)",
                     step,
+                    busy_ranks,
                     self.stats.skipped_busy,
                 )
                 return False
@@ -266,7 +268,9 @@ class Checkpointer:
         template = {key: obj.state_dict() for key, obj in self._stateful(state).items()}
         staged = self._stager.stage(template)
         t_plan = time.perf_counter()
-        save_id = f"{self._incarnation}-{step}"
+        # Unique per attempt (and equal on all ranks, which agreed on this save): a step saved again
+        # after an ABANDONED attempt must never share, or commit, the abandoned attempt's files.
+        save_id = f"{self._incarnation}-{step}-{self.stats.saves_started}"
         planner = DefaultSavePlanner()
         writer = FileSystemWriter(self.root)  # planning only: storage prefixes per rank
         planner.set_up_planner(staged.staged, None, self.rank == 0)

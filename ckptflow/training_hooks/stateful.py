@@ -77,8 +77,9 @@ class RNGState:
     """Python, NumPy, torch CPU and CUDA random states of this rank.
 
     Each rank's state is stored under its own key (``rank<r>``), because ranks draw different
-    random numbers. Restored on a different world size, a rank with no saved state of its own
-    takes rank 0's state mixed with its rank number, so ranks do not draw identical streams.
+    random numbers. Restored on a different world size, a rank with no saved state of its own keeps
+    its current (freshly seeded) state and a warning is logged: exact resume is only defined for the
+    world size that saved.
     """
 
     def __init__(self) -> None:
