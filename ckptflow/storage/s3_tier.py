@@ -1,0 +1,343 @@
+"""An S3 tier (AWS S3 or any endpoint that speaks its checksum API, e.g. SeaweedFS).
+
+Layout: ``s3://<bucket>/<prefix>/<run>/step-<N>/<file path from the manifest>``.
+
+Commit protocol: every file is uploaded and proven stored (HeadObject with checksum mode: size and
+full-object CRC64NVME equal the manifest) before the manifest object, the exact bytes of the
+source's ``manifest.json``, is uploaded last. Readers ignore a step without its manifest object.
+How one file moves, and how an interrupted multipart upload is resumed, is in ``s3_transfer``.
+
+boto3 is imported lazily: the training process imports this package without paying for it.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ckptflow.storage import checksums
+from ckptflow.storage.atomic import fsync_tree, publish_dir, write_file_atomic
+from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, ManifestError, parse_manifest
+from ckptflow.storage.s3_client import S3Bucket, S3Credentials, stored_problem
+from ckptflow.storage.s3_transfer import (
+    DEFAULT_PART_SIZE,
+    MAX_PART_SIZE,
+    MIN_PART_SIZE,
+    FileMover,
+    part_size_for,
+    put_checked,
+    wait_all,
+)
+from ckptflow.storage.tier import Progress, TierError, TierVerifyReport, TransferResult
+from ckptflow.storage.verify import FileProblem
+
+__all__ = ["MAX_PART_SIZE", "S3Credentials", "S3Tier", "part_size_for"]
+
+_STEP_PREFIX = re.compile(r"step-(\d+)/$")
+
+
+@dataclass
+class _Tally:
+    files: int = 0
+    bytes: int = 0
+    skipped: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, files: int = 0, nbytes: int = 0, skipped: int = 0) -> None:
+        with self.lock:
+            self.files += files
+            self.bytes += nbytes
+            self.skipped += skipped
+
+
+class S3Tier:
+    """Checkpoints under ``s3://<bucket>/<prefix>/<run>/step-<N>/``.
+
+    ``part_size`` (default 8 MiB, at least 5 MiB) grows per file so no file needs over 10,000
+    parts. ``max_concurrency`` files, and as many parts, move at once. Short timeouts and
+    ``max_attempts`` bound how long a dead endpoint can hold a transfer. ``wrap_client`` wraps the
+    boto3 client once built (tests inject faults with it).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        storage_class: str | None = None,
+        credentials: S3Credentials | None = None,
+        part_size: int | None = None,
+        max_concurrency: int = 8,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 30.0,
+        max_attempts: int = 3,
+        wrap_client: Callable[[Any], Any] | None = None,
+    ) -> None:
+        if not bucket:
+            raise ValueError("bucket must be a non-empty bucket name")
+        if part_size is not None and not MIN_PART_SIZE <= part_size <= MAX_PART_SIZE:
+            raise ValueError(f"part_size must be between 5 MiB and 5 GiB (S3's limits), got {part_size}")
+        if max_concurrency < 1 or max_attempts < 1:
+            raise ValueError("max_concurrency and max_attempts must be >= 1")
+        self.name = name
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self.storage_class = storage_class
+        self.part_size = part_size or DEFAULT_PART_SIZE
+        self.max_concurrency = max_concurrency
+        self.credentials = credentials
+        self.s3 = S3Bucket(
+            name,
+            bucket,
+            endpoint_url,
+            region,
+            credentials,
+            max_connections=2 * max_concurrency + 2,
+            connect_timeout_s=connect_timeout_s,
+            read_timeout_s=read_timeout_s,
+            max_attempts=max_attempts,
+            wrap_client=wrap_client,
+        )
+
+    def __repr__(self) -> str:
+        return f"S3Tier({self.name!r}, s3://{self.bucket}/{self.prefix}, endpoint={self.s3.endpoint})"
+
+    @property
+    def endpoint(self) -> str:
+        return self.s3.endpoint
+
+    def close(self) -> None:
+        self.s3.close()
+
+    def _pools(self, label: str) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+        """A pool for whole files and one for their parts (part tasks never wait: no deadlock)."""
+        prefix = f"ckptflow-{self.name}-{label}"
+        return (
+            ThreadPoolExecutor(self.max_concurrency, thread_name_prefix=prefix),
+            ThreadPoolExecutor(self.max_concurrency, thread_name_prefix=f"{prefix}-part"),
+        )
+
+    # ------------------------------------------------------------------------------ layout
+    def _step_key(self, run: str, step: int) -> str:
+        return "/".join(p for p in (self.prefix, run, f"step-{step}") if p) + "/"
+
+    def uri(self, run: str, step: int) -> str:
+        return f"s3://{self.bucket}/{self._step_key(run, step).rstrip('/')}"
+
+    def list_steps(self, run: str) -> list[int]:
+        run_prefix = "/".join(p for p in (self.prefix, run) if p) + "/"
+        candidates = []
+        for item in self.s3.paginate("list_objects_v2", "CommonPrefixes", Prefix=run_prefix, Delimiter="/"):
+            match = _STEP_PREFIX.search(item["Prefix"])
+            if match and item["Prefix"] == f"{run_prefix}step-{match.group(1)}/":
+                candidates.append(int(match.group(1)))
+        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
+            heads = list(pool.map(lambda s: self.s3.head(self._step_key(run, s) + MANIFEST_NAME), candidates))
+        return sorted((s for s, head in zip(candidates, heads, strict=True) if head), reverse=True)
+
+    def read_manifest(self, run: str, step: int) -> Manifest | None:
+        got = self.s3.get_bytes(self._step_key(run, step) + MANIFEST_NAME)
+        return None if got is None else parse_manifest(got[0], where=f"{self.uri(run, step)}/{MANIFEST_NAME}")
+
+    # --------------------------------------------------------------------------------- put
+    def _source_manifest(self, source: Path, manifest: Manifest) -> bytes:
+        """The exact bytes of ``source``'s manifest.json, which must be ``manifest``."""
+        try:
+            data = (source / MANIFEST_NAME).read_bytes()
+            same = parse_manifest(data, where=str(source / MANIFEST_NAME)) == manifest
+        except (OSError, ManifestError) as exc:
+            raise TierError(f"{self.name}: cannot upload {source}: {exc}") from exc
+        if not same:
+            raise TierError(f"{self.name}: {source}/{MANIFEST_NAME} is not the manifest passed in")
+        return data
+
+    def _committed_same(self, manifest: Manifest, manifest_bytes: bytes) -> bool:
+        committed = self.s3.get_bytes(self._step_key(manifest.run, manifest.step) + MANIFEST_NAME)
+        if committed is None:
+            return False
+        if committed[0] != manifest_bytes:
+            raise TierError(
+                f"{self.name}: {self.uri(manifest.run, manifest.step)} already holds a different checkpoint "
+                f"for step {manifest.step} (manifest differs); refusing to overwrite a committed checkpoint"
+            )
+        return True
+
+    def put_files(
+        self,
+        source: Path,
+        manifest: Manifest,
+        paths: list[str] | None = None,
+        progress: Progress | None = None,
+        batch: int = 0,
+    ) -> TransferResult:
+        """Upload some of a checkpoint's files (all if ``paths`` is None); nothing becomes visible.
+
+        Each file is proven stored (size and full-object CRC64NVME) before this returns; files
+        already stored with the right checksum are skipped. Batches may run concurrently.
+        """
+        start = time.perf_counter()
+        source = Path(source)
+        uri, base = self.uri(manifest.run, manifest.step), self._step_key(manifest.run, manifest.step)
+        if self._committed_same(manifest, self._source_manifest(source, manifest)):
+            return TransferResult(uri, already_committed=True, seconds=time.perf_counter() - start)
+        wanted = set(paths) if paths is not None else None
+        entries = [e for e in manifest.files if wanted is None or e.path in wanted]
+        if wanted is not None and len(entries) != len(wanted):
+            unknown = sorted(wanted - {e.path for e in entries})
+            raise ValueError(f"paths not in the manifest of step {manifest.step}: {unknown[:5]}")
+        listed = {o["Key"]: o["Size"] for o in self.s3.paginate("list_objects_v2", "Contents", Prefix=base)}
+        tally, stop = _Tally(), threading.Event()
+
+        def one(entry: FileEntry, mover: FileMover) -> None:
+            key = base + entry.path
+            if listed.get(key) == entry.size and stored_problem(self.s3.head(key), entry) is None:
+                tally.add(skipped=1)  # uploaded and proven by an earlier attempt
+                return
+            tally.add(files=1, nbytes=mover.upload(key, source / entry.path, entry))
+
+        files, parts = self._pools(f"put{batch}")
+        with files, parts:
+            mover = FileMover(self.s3, self.part_size, self.storage_class, parts, stop, progress)
+            wait_all([files.submit(one, e, mover) for e in entries], stop)
+        return TransferResult(
+            uri,
+            files=tally.files,
+            bytes=tally.bytes,
+            skipped_files=tally.skipped,
+            seconds=time.perf_counter() - start,
+        )
+
+    def commit(self, source: Path, manifest: Manifest) -> TransferResult:
+        """Check every file is stored with its manifest checksum, then upload the manifest object last."""
+        return self._commit(Path(source), manifest, files_checked=False)
+
+    def _commit(self, source: Path, manifest: Manifest, files_checked: bool) -> TransferResult:
+        start = time.perf_counter()
+        uri, base = self.uri(manifest.run, manifest.step), self._step_key(manifest.run, manifest.step)
+        manifest_bytes = self._source_manifest(source, manifest)
+        if self._committed_same(manifest, manifest_bytes):
+            return TransferResult(uri, already_committed=True, seconds=time.perf_counter() - start)
+        if not files_checked:
+            problems = self._stored_problems(base, manifest.files)
+            if problems:
+                shown = "; ".join(str(p) for p in problems[:5])
+                raise TierError(
+                    f"{self.name}: cannot commit {uri} at {self.endpoint}: {len(problems)} file(s) not "
+                    f"stored as the manifest says: {shown}"
+                )
+        # The commit marker: only now may a reader see this checkpoint.
+        entry = FileEntry(MANIFEST_NAME, len(manifest_bytes), checksums.checksum_bytes(manifest_bytes))
+        # Always the default storage class: listing, verify and fetch must read it without a restore.
+        put_checked(self.s3, base + MANIFEST_NAME, manifest_bytes, entry, None)
+        return TransferResult(uri, files=len(manifest.files), seconds=time.perf_counter() - start)
+
+    def put(self, source: Path, manifest: Manifest, progress: Progress | None = None) -> TransferResult:
+        """``put_files`` of every file (each proven stored), then the manifest object last."""
+        uploaded = self.put_files(source, manifest, None, progress)
+        if uploaded.already_committed:
+            return uploaded
+        uploaded.seconds += self._commit(Path(source), manifest, files_checked=True).seconds
+        return uploaded
+
+    def _stored_problems(self, base: str, entries: Iterable[FileEntry]) -> list[FileProblem]:
+        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
+            found = pool.map(lambda e: stored_problem(self.s3.head(base + e.path), e), entries)
+            return [p for p in found if p is not None]
+
+    # ------------------------------------------------------------------------------ verify
+    def verify(self, run: str, step: int) -> TierVerifyReport:
+        """Stored size and full-object CRC64NVME of every file against the manifest (no download)."""
+        uri = self.uri(run, step)
+        got = self.s3.get_bytes(self._step_key(run, step) + MANIFEST_NAME)
+        if got is None:
+            return TierVerifyReport(uri, None, [FileProblem(MANIFEST_NAME, "missing", "not committed")])
+        data, stored = got
+        try:
+            manifest = parse_manifest(data, where=f"{uri}/{MANIFEST_NAME}")
+        except ManifestError as exc:
+            return TierVerifyReport(uri, None, [FileProblem(MANIFEST_NAME, "manifest", str(exc))])
+        problems: list[FileProblem] = []
+        if stored is not None and stored != checksums.checksum_bytes(data):
+            problems.append(FileProblem(MANIFEST_NAME, "checksum", f"stored crc64nvme {stored} != its bytes"))
+        problems += self._stored_problems(self._step_key(run, step), manifest.files)
+        return TierVerifyReport(uri, manifest, problems, manifest.total_bytes)
+
+    # ------------------------------------------------------------------------------- fetch
+    def fetch(self, run: str, step: int, dest: Path, progress: Progress | None = None) -> TransferResult:
+        start = time.perf_counter()
+        dest, uri, base = Path(dest), self.uri(run, step), self._step_key(run, step)
+        got = self.s3.get_bytes(base + MANIFEST_NAME)
+        if got is None:
+            raise TierError(f"{self.name}: no committed checkpoint at {uri} ({self.endpoint})")
+        manifest_bytes, stored = got
+        if stored is not None and stored != checksums.checksum_bytes(manifest_bytes):
+            raise TierError(f"{self.name}: {uri}/{MANIFEST_NAME} is corrupt: its bytes do not match its CRC")
+        manifest = parse_manifest(manifest_bytes, where=f"{uri}/{MANIFEST_NAME}")
+        if dest.exists():
+            raise TierError(f"{self.name}: fetch destination {dest} already exists")
+        partial = dest.parent / f"{dest.name}.partial-fetch-{secrets.token_hex(4)}"
+        partial.mkdir(parents=True)
+        stop = threading.Event()
+        try:
+            files, ranges = self._pools("fetch")
+            with files, ranges:
+                mover = FileMover(self.s3, self.part_size, None, ranges, stop, progress)
+                jobs = [
+                    files.submit(mover.download, base + e.path, e, partial / e.path) for e in manifest.files
+                ]
+                wait_all(jobs, stop)
+            write_file_atomic(partial / MANIFEST_NAME, manifest_bytes)  # last, as on every tier
+            fsync_tree(partial)
+            if not publish_dir(partial, dest):
+                raise TierError(f"{self.name}: {dest} appeared while fetching; not overwritten")
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        return TransferResult(
+            str(dest),
+            files=len(manifest.files),
+            bytes=manifest.total_bytes,
+            seconds=time.perf_counter() - start,
+        )
+
+    # ------------------------------------------------------------------------------ delete
+    def delete(self, run: str, step: int) -> None:
+        """The manifest object first (readers stop seeing the step), then every other object."""
+        base = self._step_key(run, step)
+        self.s3.call("delete_object", base + MANIFEST_NAME)
+        keys = [o["Key"] for o in self.s3.paginate("list_objects_v2", "Contents", Prefix=base)]
+        for i in range(0, len(keys), 1000):
+            batch = {"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True}
+            errors = self.s3.call("delete_objects", Delete=batch).get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise TierError(
+                    f"{self.name}: deleting s3://{self.bucket}/{first.get('Key')} at {self.endpoint} failed: "
+                    f"{first.get('Code')}: {first.get('Message')} ({len(errors)} objects not deleted)"
+                )
+        for upload in list(self.s3.paginate("list_multipart_uploads", "Uploads", Prefix=base)):
+            self.s3.abort(upload["Key"], upload["UploadId"])
+
+    def cleanup_stale(self, older_than_s: float) -> list[str]:
+        """Abort incomplete multipart uploads under the prefix started over ``older_than_s`` ago."""
+        now = datetime.now(UTC)
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        aborted = []
+        for upload in list(self.s3.paginate("list_multipart_uploads", "Uploads", Prefix=prefix)):
+            if older_than_s <= 0 or (now - upload["Initiated"]).total_seconds() >= older_than_s:
+                self.s3.abort(upload["Key"], upload["UploadId"])
+                aborted.append(upload["Key"])
+        return aborted
