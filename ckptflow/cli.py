@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ckptflow.cli_pipeline import register as register_pipeline_commands
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import ManifestError, UnsupportedManifestError, read_manifest
 
@@ -189,6 +190,9 @@ def catalog_sync(
         typer.echo(f"  unreadable manifest: {path}")
     for conflict in report.conflicts:
         typer.echo(f"  conflict: {conflict}")
+
+
+register_pipeline_commands(app)
 
 
 def main() -> None:

@@ -25,8 +25,15 @@ def s3_credentials(cfg: S3TierConfig) -> object | None:
         if found is not None:
             return found
     if cfg.credentials_file:
-        body = json.loads(Path(os.path.expanduser(cfg.credentials_file)).read_text())
-        return S3Credentials(body["accessKey"], body["secretKey"])
+        path = Path(os.path.expanduser(cfg.credentials_file))
+        try:
+            body = json.loads(path.read_text())
+            return S3Credentials(body["access_key_id"], body["secret_access_key"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(
+                f"{path}: cannot read S3 credentials ({type(exc).__name__}); the file must be JSON with "
+                "'access_key_id' and 'secret_access_key' (mode 0600)"
+            ) from None
     return None
 
 

@@ -1,0 +1,204 @@
+"""The local stack for development, tests and the demo: SeaweedFS (S3, auth on), a Prefect server,
+and a process serving the ckptflow deployments, all on 127.0.0.1, all stopped by process id.
+
+``ckptflow services up`` writes ``<dir>/ckptflow.yaml`` describing the stack: SQLite catalog, hot
+and warm POSIX tiers under ``<dir>``, the cold tier in a SeaweedFS bucket whose generated
+credentials live in a 0600 file (never in the YAML).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ckptflow.services.prefect_server import PrefectServer
+from ckptflow.services.seaweed import CREDENTIALS_NAME, SeaweedServer
+
+BUCKET = "ckptflow-cold"
+SERVE_STATE = "serve-state.json"
+
+
+@dataclass
+class Stack:
+    directory: Path
+    seaweed: SeaweedServer
+    prefect: PrefectServer
+    serve_pid: int | None
+
+    @property
+    def config_path(self) -> Path:
+        return self.directory / "ckptflow.yaml"
+
+    def describe(self) -> list[tuple[str, str]]:
+        return [
+            ("config", str(self.config_path)),
+            ("prefect UI", self.prefect.ui_url),
+            ("prefect API", self.prefect.api_url),
+            ("S3 endpoint", f"{self.seaweed.endpoint_url} (bucket {BUCKET}, auth on)"),
+            ("deployments", f"served by pid {self.serve_pid}" if self.serve_pid else "not served"),
+        ]
+
+
+def write_config(directory: Path, seaweed: SeaweedServer, prefect: PrefectServer) -> Path:
+    """The stack's ckptflow.yaml (no secrets in it: the S3 key is read from the 0600 file)."""
+    config = {
+        "catalog": f"sqlite:///{directory / 'catalog.db'}",
+        "prefect": {"api_url": prefect.api_url, "emit_timeout_s": 5.0},
+        "tiers": {
+            "hot": {"kind": "posix", "root": str(directory / "hot"), "price_per_gb_month": 0.0},
+            "warm": {"kind": "posix", "root": str(directory / "warm"), "price_per_gb_month": 0.03},
+            "cold": {
+                "kind": "s3",
+                "bucket": BUCKET,
+                "prefix": "runs",
+                "endpoint_url": seaweed.endpoint_url,
+                "region": "us-east-1",
+                "credentials_file": str(seaweed.data_dir / CREDENTIALS_NAME),
+                "price_per_gb_month": 0.023,
+                "part_size_mib": 8,
+            },
+        },
+        "promote": {"workers": 4, "stale_upload_age_s": 3600, "stale_partial_age_s": 3600},
+    }
+    path = directory / "ckptflow.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def start_serving(
+    directory: Path, prefect: PrefectServer, config_path: Path, reconcile_interval_s: int
+) -> int:
+    """Start ``python -m ckptflow.flows.deployments`` (promote on event, schedules) in the background."""
+    state = directory / SERVE_STATE
+    if state.is_file():
+        pid = int(json.loads(state.read_text())["pid"])
+        if _alive(pid):
+            return pid
+    log = open(directory / "serve.log", "ab")  # noqa: SIM115 - owned by the child
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ckptflow.flows.deployments",
+            "--config",
+            str(config_path),
+            "--reconcile-interval-s",
+            str(reconcile_interval_s),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **prefect.env()},
+        start_new_session=True,
+    )
+    state.write_text(json.dumps({"pid": proc.pid}))
+    return proc.pid
+
+
+def wait_for_deployments(prefect: PrefectServer, names: list[str], timeout_s: float = 120.0) -> None:
+    """Block until every deployment name is registered on the server."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(
+            f"{prefect.api_url}/deployments/filter",
+            data=b"{}",
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                found = {d["name"] for d in json.loads(response.read())}
+            if set(names) <= found:
+                return
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"deployments {names} not registered within {timeout_s} s; see serve.log")
+
+
+def up(directory: Path, serve: bool = True, reconcile_interval_s: int = 300) -> Stack:
+    """Start (or find running) SeaweedFS, Prefect and the deployment server under ``directory``."""
+    from ckptflow.flows.deployments import (  # noqa: PLC0415 - Prefect only when serving
+        PROMOTE_DEPLOYMENT,
+        RECONCILE_DEPLOYMENT,
+        SCRUB_DEPLOYMENT,
+    )
+
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    seaweed = SeaweedServer.start(directory / "seaweed")
+    seaweed.create_bucket(BUCKET)
+    prefect = PrefectServer.start(directory / "prefect")
+    config = write_config(directory, seaweed, prefect)
+    pid = None
+    if serve:
+        pid = start_serving(directory, prefect, config, reconcile_interval_s)
+        wait_for_deployments(prefect, [PROMOTE_DEPLOYMENT, RECONCILE_DEPLOYMENT, SCRUB_DEPLOYMENT])
+    return Stack(directory, seaweed, prefect, pid)
+
+
+def find(directory: Path) -> Stack | None:
+    directory = directory.resolve()
+    seaweed = SeaweedServer.from_state(directory / "seaweed")
+    prefect = PrefectServer.from_state(directory / "prefect")
+    if seaweed is None or prefect is None:
+        return None
+    state = directory / SERVE_STATE
+    pid = int(json.loads(state.read_text())["pid"]) if state.is_file() else None
+    return Stack(directory, seaweed, prefect, pid if pid and _alive(pid) else None)
+
+
+def stop_serving(directory: Path) -> None:
+    state = directory.resolve() / SERVE_STATE
+    if not state.is_file():
+        return
+    pid = int(json.loads(state.read_text())["pid"])
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while _alive(pid) and time.monotonic() < deadline:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.2)
+        if not _alive(pid):
+            break
+    state.unlink(missing_ok=True)
+
+
+def down(directory: Path) -> list[str]:
+    """Stop everything ``up`` started under ``directory``, by process id; return what was stopped."""
+    directory = directory.resolve()
+    stopped = []
+    if (directory / SERVE_STATE).is_file():
+        stop_serving(directory)
+        stopped.append("deployment server")
+    prefect = PrefectServer.from_state(directory / "prefect")
+    if prefect is not None:
+        prefect.stop()
+        stopped.append("prefect server")
+    seaweed = SeaweedServer.from_state(directory / "seaweed")
+    if seaweed is not None:
+        seaweed.stop()
+        stopped.append("seaweedfs")
+    return stopped
