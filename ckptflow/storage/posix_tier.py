@@ -84,11 +84,23 @@ class PosixTier:
         # Named after the save id, so concurrent batches share it and a rerun resumes it.
         return self.run_dir(manifest.run) / layout.partial_name(manifest.step, f"in-{manifest.save_id}")
 
-    def _committed_same(self, source: Path, manifest: Manifest) -> bool:
+    def _source_manifest(self, source: Path, manifest: Manifest) -> bytes:
+        """The exact bytes of ``source``'s manifest.json, which must be ``manifest`` (what is checked
+        is what gets published)."""
+        try:
+            data = (source / MANIFEST_NAME).read_bytes()
+            same = parse_manifest(data, where=str(source / MANIFEST_NAME)) == manifest
+        except (OSError, ManifestError) as exc:
+            raise TierError(f"{self.name}: cannot copy {source}: {exc}") from exc
+        if not same:
+            raise TierError(f"{self.name}: {source}/{MANIFEST_NAME} is not the manifest passed in")
+        return data
+
+    def _committed_same(self, manifest: Manifest, manifest_bytes: bytes) -> bool:
         final = self.path(manifest.run, manifest.step)
         if not (final / MANIFEST_NAME).is_file():
             return False
-        if (final / MANIFEST_NAME).read_bytes() != (source / MANIFEST_NAME).read_bytes():
+        if (final / MANIFEST_NAME).read_bytes() != manifest_bytes:
             raise TierError(
                 f"{self.name}: {final} already holds a different checkpoint for step {manifest.step} "
                 "(manifest differs); refusing to overwrite a committed checkpoint"
@@ -110,10 +122,13 @@ class PosixTier:
         """
         start = time.perf_counter()
         final = self.path(manifest.run, manifest.step)
-        if self._committed_same(source, manifest):
+        if self._committed_same(manifest, self._source_manifest(source, manifest)):
             return TransferResult(str(final), already_committed=True, seconds=time.perf_counter() - start)
         wanted = set(paths) if paths is not None else None
         entries = [e for e in manifest.files if wanted is None or e.path in wanted]
+        if wanted is not None and len(entries) != len(wanted):
+            unknown = sorted(wanted - {e.path for e in entries})
+            raise ValueError(f"paths not in the manifest of step {manifest.step}: {unknown[:5]}")
         incoming = self._incoming(manifest)
         try:
             incoming.mkdir(parents=True, exist_ok=True)
@@ -122,7 +137,8 @@ class PosixTier:
         except ChecksumMismatch as exc:
             raise TierError(f"{self.name}: source file does not match its manifest: {exc}") from exc
         except OSError as exc:
-            raise TierError(f"{self.name}: writing into {incoming} failed: {exc.strerror or exc}") from exc
+            what = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror or exc
+            raise TierError(f"{self.name}: writing into {incoming} failed: {what}") from exc
         return TransferResult(
             str(final),
             files=len(entries) - skipped,
@@ -135,7 +151,8 @@ class PosixTier:
         """Publish the incoming directory: every file present at its size, manifest last, rename."""
         start = time.perf_counter()
         final = self.path(manifest.run, manifest.step)
-        if self._committed_same(source, manifest):
+        manifest_bytes = self._source_manifest(source, manifest)
+        if self._committed_same(manifest, manifest_bytes):
             return TransferResult(str(final), already_committed=True, seconds=time.perf_counter() - start)
         incoming = self._incoming(manifest)
         for entry in manifest.files:
@@ -150,7 +167,7 @@ class PosixTier:
                     f"{self.name}: cannot commit step {manifest.step}: {entry.path} is incomplete"
                 )
         try:
-            write_file_atomic(incoming / MANIFEST_NAME, (source / MANIFEST_NAME).read_bytes())
+            write_file_atomic(incoming / MANIFEST_NAME, manifest_bytes)
             for lock in incoming.glob(f"{layout.LOCK_PREFIX}*"):
                 lock.unlink()
             fsync_path(incoming)
@@ -205,6 +222,10 @@ class PosixTier:
         except ChecksumMismatch as exc:
             shutil.rmtree(partial, ignore_errors=True)
             raise TierError(f"{self.name}: {source}/{exc.path} is corrupt: {exc.detail}") from exc
+        except OSError as exc:  # e.g. a file of the manifest is missing from this tier's copy
+            shutil.rmtree(partial, ignore_errors=True)
+            what = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror or exc
+            raise TierError(f"{self.name}: fetching {source} into {dest} failed: {what}") from exc
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise

@@ -9,7 +9,6 @@ from prefect.cache_policies import NO_CACHE
 
 from ckptflow.catalog import Catalog, CheckpointState, ReplicaState
 from ckptflow.catalog.sync import sync_from_root
-from ckptflow.catalog.transitions import IllegalTransition
 from ckptflow.tasks.tiers import load
 
 
@@ -57,14 +56,11 @@ def record_replica(
         current = {r.tier: r for r in catalog.replicas(checkpoint_id)}.get(tier)
         if current is not None and current.state == target:
             return target.value
+        if target == ReplicaState.PENDING and current is not None:
+            return current.state.value  # pending only announces a new replica
         if target == ReplicaState.COPYING and current is not None and current.state != ReplicaState.PENDING:
-            return current.state.value  # re-copying a corrupt/lost replica: it goes straight to READY
-        try:
-            catalog.set_replica_state(checkpoint_id, tier, target, uri=uri, bytes=bytes, reason=reason)
-        except IllegalTransition:
-            if current is not None and current.state == ReplicaState.DELETED:
-                raise
-            raise
+            return current.state.value  # a retry, or re-copying a corrupt/lost replica: straight to READY
+        catalog.set_replica_state(checkpoint_id, tier, target, uri=uri, bytes=bytes, reason=reason)
         return target.value
     finally:
         catalog.dispose()

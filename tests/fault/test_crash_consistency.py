@@ -21,7 +21,7 @@ from ckptflow.storage.manifest import MANIFEST_NAME
 from ckptflow.storage.verify import verify_checkpoint
 from ckptflow.supervise import SupervisedProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_tiny.py"
 PHASES = ["staging", "writing", "manifest", "rename", "catalog"]

@@ -1,0 +1,290 @@
+"""The lifecycle pipeline on a real stack: SeaweedFS (S3, auth on), a Prefect server, served deployments.
+
+Training commits -> "checkpoint staged" events -> the promote deployment runs through its trigger ->
+warm and cold replicas verified and READY; restore from any tier; and the faults: S3 killed mid
+upload, a corrupt warm replica, Prefect down during training, the warm tier out of space.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ckptflow.catalog import Catalog, ReplicaState
+from ckptflow.policy.config import load_config
+from ckptflow.services import stack as local_stack
+from ckptflow.services.prefect_server import free_port
+from ckptflow.storage.from_config import build_tiers
+from ckptflow.storage.manifest import read_manifest
+from ckptflow.storage.tier import TierError
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_tiny.py"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_stack.Stack]:
+    directory = tmp_path_factory.mktemp("stack")
+    running = local_stack.up(directory, serve=True, reconcile_interval_s=3600)
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE, temporary_settings
+
+    try:
+        with temporary_settings(
+            {PREFECT_API_URL: running.prefect.api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False}
+        ):
+            yield running
+    finally:
+        local_stack.down(directory)
+
+
+def _config(stack: local_stack.Stack, tmp_path: Path, **changes: Any) -> Path:
+    """A copy of the stack's ckptflow.yaml with some fields changed (dotted keys)."""
+    body = yaml.safe_load(stack.config_path.read_text())
+    for dotted, value in changes.items():
+        node = body
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
+    path = tmp_path / "ckptflow.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def _train(config: Path, run: str, steps: int, tmp_path: Path, hidden: int = 128, every: int = 10) -> dict:
+    result = tmp_path / f"{run}-{steps}.json"
+    log = tmp_path / f"{run}.log"
+    argv = [
+        sys.executable,
+        str(EXAMPLE),
+        "--config",
+        str(config),
+        "--run",
+        run,
+        "--steps",
+        str(steps),
+        "--save-every",
+        str(every),
+        "--hidden",
+        str(hidden),
+        "--result",
+        str(result),
+    ]
+    with open(log, "a") as out:
+        proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=300)
+    assert proc.returncode == 0, f"training failed; see {log}:\n{log.read_text()[-3000:]}"
+    return {**json.loads(result.read_text()), "log": log.read_text()}
+
+
+def _replica_states(config: Path, run: str) -> dict[int, dict[str, str]]:
+    catalog = Catalog.open(yaml.safe_load(config.read_text())["catalog"])
+    try:
+        return {
+            cp.step: {r.tier: r.state.value for r in catalog.replicas(cp.id)}
+            for cp in catalog.checkpoints(run)
+            if cp.state.value in ("committed", "verified")
+        }
+    finally:
+        catalog.dispose()
+
+
+def _wait_promoted(config: Path, run: str, steps: list[int], timeout_s: float = 240) -> dict:
+    deadline = time.monotonic() + timeout_s
+    states: dict = {}
+    while time.monotonic() < deadline:
+        states = _replica_states(config, run)
+        if all(states.get(s, {}).get(t) == "ready" for s in steps for t in ("warm", "cold")):
+            return states
+        time.sleep(2)
+    raise AssertionError(f"not promoted within {timeout_s} s: {states}")
+
+
+def test_staged_events_trigger_promotion_to_warm_and_cold(stack, tmp_path):
+    config = stack.config_path
+    _train(config, "e2e", 20, tmp_path)
+    _wait_promoted(config, "e2e", [10, 20])
+
+    # The promotions ran through the deployment's event trigger, not by a direct call.
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    async def promote_runs() -> list:
+        async with get_client() as client:
+            return await client.read_flow_runs(
+                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["promote-on-staged"]))
+            )
+
+    import asyncio
+
+    runs = [r for r in asyncio.run(promote_runs()) if r.parameters.get("run") == "e2e"]
+    assert {r.parameters["step"] for r in runs} >= {10, 20}
+    assert all(isinstance(r.parameters["step"], int) for r in runs)
+
+    # Each S3 object's stored full-object CRC64NVME equals the manifest's value.
+    tiers = build_tiers(load_config(config))
+    manifest = read_manifest(tiers["hot"].path("e2e", 20))  # type: ignore[attr-defined]
+    client = stack.seaweed.client()
+    for entry in manifest.files:
+        head = client.head_object(
+            Bucket=local_stack.BUCKET, Key=f"runs/e2e/step-20/{entry.path}", ChecksumMode="ENABLED"
+        )
+        assert head["ChecksumCRC64NVME"] == entry.checksum
+        assert head.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT"
+    assert tiers["cold"].verify("e2e", 20).ok
+    # Every outbox row was delivered by the training side (the server accepted the events).
+    catalog = Catalog.open(yaml.safe_load(config.read_text())["catalog"])
+    try:
+        assert [e for e in catalog.undelivered_events() if e.run == "e2e"] == []
+    finally:
+        catalog.dispose()
+
+
+def test_restore_from_warm_then_cold_when_hot_is_gone(stack, tmp_path):
+    config = stack.config_path
+    original = _train(config, "anytier", 20, tmp_path)
+    _wait_promoted(config, "anytier", [10, 20])
+
+    # A replacement node: an empty hot root. Restore pulls step 20 from warm.
+    new_hot = _config(stack, tmp_path, **{"tiers.hot.root": str(tmp_path / "new-hot")})
+    from_warm = _train(new_hot, "anytier", 20, tmp_path)
+    assert "source tier: warm" in from_warm["log"]
+    assert from_warm["param_digest"] == original["param_digest"]
+
+    # Warm lost too: a third node restores from cold.
+    shutil.rmtree(Path(yaml.safe_load(config.read_text())["tiers"]["warm"]["root"]) / "anytier")
+    newer_hot = _config(stack, tmp_path, **{"tiers.hot.root": str(tmp_path / "newer-hot")})
+    from_cold = _train(newer_hot, "anytier", 20, tmp_path)
+    assert "source tier: cold" in from_cold["log"]
+    assert from_cold["param_digest"] == original["param_digest"]
+
+
+def test_prefect_down_during_training_then_reconcile_promotes_everything(stack, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}/api"  # nothing listens: Prefect is down
+    config = _config(stack, tmp_path, **{"prefect.api_url": dead, "prefect.emit_timeout_s": 1.0})
+    started = time.monotonic()
+    _train(config, "offline", 30, tmp_path)
+    assert time.monotonic() - started < 120, "training waited on the unreachable Prefect server"
+    states = _replica_states(config, "offline")
+    assert sorted(states) == [10, 20, 30]
+    assert all("warm" not in s and "cold" not in s for s in states.values())
+    catalog = Catalog.open(yaml.safe_load(config.read_text())["catalog"])
+    try:
+        assert sorted(e.step for e in catalog.undelivered_events() if e.run == "offline") == [10, 20, 30]
+    finally:
+        catalog.dispose()
+
+    # Prefect is back (the stack's server): reconcile catches up.
+    from ckptflow.flows.reconcile import reconcile
+
+    rows = reconcile(str(stack.config_path), max_promotions_per_run=10)
+    promoted = sorted(r["step"] for r in rows if r["action"] == "promoted" and r["run"] == "offline")
+    assert promoted == [10, 20, 30]
+    _wait_promoted(stack.config_path, "offline", [10, 20, 30], timeout_s=5)
+    catalog = Catalog.open(yaml.safe_load(config.read_text())["catalog"])
+    try:
+        assert [e for e in catalog.undelivered_events() if e.run == "offline"] == []
+    finally:
+        catalog.dispose()
+
+
+def test_scrub_finds_and_repairs_a_corrupt_warm_replica(stack, tmp_path):
+    config = stack.config_path
+    _train(config, "scrubbed", 10, tmp_path)
+    _wait_promoted(config, "scrubbed", [10])
+    tiers = build_tiers(load_config(config))
+    warm_dir = tiers["warm"].path("scrubbed", 10)  # type: ignore[attr-defined]
+    victim = warm_dir / "__0_0.distcp"
+    good = victim.read_bytes()
+    with open(victim, "r+b") as f:  # flip one real bit
+        f.seek(len(good) // 2)
+        byte = f.read(1)[0]
+        f.seek(len(good) // 2)
+        f.write(bytes([byte ^ 0x10]))
+    assert not tiers["warm"].verify("scrubbed", 10).ok
+
+    from ckptflow.flows.scrub import scrub
+
+    rows = [r for r in scrub(str(config)) if r["run"] == "scrubbed"]
+    assert [(r["tier"], r["verdict"]) for r in rows if r["verdict"] != "ok"] == [("warm", "repaired")]
+    assert tiers["warm"].verify("scrubbed", 10).ok
+    assert victim.read_bytes() == good
+    assert _replica_states(config, "scrubbed")[10]["warm"] == "ready"
+
+
+def test_s3_killed_mid_multipart_upload_then_retry_and_reconcile(stack, tmp_path):
+    # A run whose shard is ~30 MB: a multipart upload of 8 MiB parts (the stack's part size).
+    config = _config(stack, tmp_path, **{"prefect.api_url": None})  # no event: promote by hand below
+    _train(config, "s3kill", 10, tmp_path, hidden=1600, every=10)
+    from ckptflow.flows.promote import promote
+
+    client = stack.seaweed.client()
+    killed = threading.Event()
+
+    def kill_when_uploading() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed.is_set():
+            uploads = client.list_multipart_uploads(Bucket=local_stack.BUCKET).get("Uploads", [])
+            if any("s3kill" in u["Key"] for u in uploads):
+                os.killpg(stack.seaweed.pid, signal.SIGKILL)  # the S3 server dies mid-upload
+                killed.set()
+                return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=kill_when_uploading, daemon=True)
+    watcher.start()
+    started = time.monotonic()
+    with pytest.raises(Exception) as failure:
+        promote("s3kill", 10, str(config))
+    watcher.join(timeout=30)
+    assert killed.is_set(), "the upload finished before the server could be killed"
+    assert time.monotonic() - started < 180, "promote hung on a dead S3 endpoint"
+    assert "cold" in str(failure.value) or isinstance(failure.value, TierError)
+    states = _replica_states(config, "s3kill")[10]
+    assert states.get("cold") != "ready" and states.get("hot") == "ready"
+
+    stack.seaweed = type(stack.seaweed).start(stack.seaweed.data_dir)  # same ports, same data
+    rows = promote("s3kill", 10, str(config))
+    assert [r["tier"] for r in rows] == ["warm", "cold"]
+    assert _replica_states(config, "s3kill")[10]["cold"] == "ready"
+
+    stale_now = _config(stack, tmp_path, **{"promote.stale_upload_age_s": 0, "prefect.api_url": None})
+    from ckptflow.flows.reconcile import reconcile
+
+    reconcile(str(stale_now))
+    uploads = stack.seaweed.client().list_multipart_uploads(Bucket=local_stack.BUCKET).get("Uploads", [])
+    assert uploads == [], f"incomplete multipart uploads remain: {uploads}"
+
+
+def test_warm_tier_out_of_space_fails_clearly_and_keeps_hot(stack, tmp_path):
+    tiny = tmp_path / "tiny-warm"
+    tiny.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(tiny)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tiny tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        config = _config(stack, tmp_path, **{"tiers.warm.root": str(tiny), "prefect.api_url": None})
+        _train(config, "nospace", 10, tmp_path, hidden=512)
+        from ckptflow.flows.promote import promote
+
+        with pytest.raises(Exception, match="No space left on device"):
+            promote("nospace", 10, str(config))
+        tiers = build_tiers(load_config(config))
+        assert tiers["hot"].verify("nospace", 10).ok  # the hot replica is kept, intact
+        assert _replica_states(config, "nospace")[10].get("warm") != ReplicaState.READY.value
+    finally:
+        subprocess.run(["umount", str(tiny)], check=False)
