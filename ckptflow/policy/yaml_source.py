@@ -56,7 +56,17 @@ def _walk(
             "(YAML 1.1 reads it as a boolean or an octal/sexagesimal number); quote it, or write "
             "true/false or a plain decimal number"
         )
-    return yaml.safe_load(yaml.serialize(node)) if node.tag != "tag:yaml.org,2002:str" else node.value
+    if node.tag == "tag:yaml.org,2002:str":
+        return node.value
+    try:
+        return yaml.SafeLoader("").construct_object(node, deep=True)
+    except (yaml.YAMLError, ValueError, TypeError) as exc:
+        field = ".".join(str(p) for p in path) or "<document>"
+        detail = str(exc).splitlines()[0]
+        raise ConfigError(
+            f"{where}:{node.start_mark.line + 1}: field {field!r}: cannot read {node.value!r} "
+            f"with tag {node.tag} ({detail}); remove the tag or fix the value"
+        ) from None
 
 
 def load_yaml(path: str | Path) -> Located:
