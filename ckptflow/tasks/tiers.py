@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 from ckptflow.policy.config import CkptflowConfig, load_config
 from ckptflow.storage.from_config import build_tiers
 from ckptflow.storage.manifest import FileEntry, Manifest
@@ -11,6 +14,17 @@ DEFAULT_MAX_BATCHES = 16
 
 
 def load(config_path: str) -> tuple[CkptflowConfig, dict[str, Tier]]:
+    """The config and its tiers, built once per process and config version.
+
+    Building an S3 tier loads boto3's service model (0.2-0.5 s); every task of a flow run would pay
+    it again. Tiers are thread-safe (boto3 clients are), so tasks in threads share them.
+    """
+    path = Path(config_path).resolve()
+    return _load_cached(str(path), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(config_path: str, _mtime_ns: int) -> tuple[CkptflowConfig, dict[str, Tier]]:
     config = load_config(config_path)
     return config, build_tiers(config)
 
