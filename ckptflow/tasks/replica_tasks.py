@@ -19,7 +19,8 @@ from ckptflow.tasks.tiers import load
 
 def _hot(tiers: dict[str, Tier]) -> PosixTier:
     hot = tiers["hot"]
-    assert isinstance(hot, PosixTier)
+    if not isinstance(hot, PosixTier):  # the config model already enforces it; keep mypy honest
+        raise TypeError(f"tiers.hot must be a POSIX tier, got {type(hot).__name__}")
     return hot
 
 
@@ -83,6 +84,13 @@ def verify_replica(config_path: str, run: str, step: int, tier: str) -> dict[str
     }
 
 
+def _require_manifest(tier: Tier, run: str, step: int) -> Manifest:
+    manifest = tier.read_manifest(run, step)
+    if manifest is None:
+        raise ValueError(f"{tier.name} holds no committed copy of {run} step {step} to repair from")
+    return manifest
+
+
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def repair_replica(config_path: str, run: str, step: int, tier: str, source_tier: str) -> str:
     """Replace a corrupt replica with a verified copy from ``source_tier`` (fetched locally first
@@ -92,16 +100,13 @@ def repair_replica(config_path: str, run: str, step: int, tier: str, source_tier
     target.delete(run, step)
     if isinstance(source, PosixTier):
         local = source.path(run, step)
-        manifest = source.read_manifest(run, step)
-        assert manifest is not None
+        manifest = _require_manifest(source, run, step)
         return target.put(local, manifest).uri
     scratch = Path(tempfile.mkdtemp(prefix="ckptflow-repair-"))
     try:
         local = scratch / f"step-{step}"
         source.fetch(run, step, local)  # verifies every checksum while downloading
-        manifest = source.read_manifest(run, step)
-        assert manifest is not None
-        return target.put(local, manifest).uri
+        return target.put(local, _require_manifest(source, run, step)).uri
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
