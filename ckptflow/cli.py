@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ckptflow.cli_pipeline import register as register_pipeline_commands
+from ckptflow.cli_retention import register as register_retention_commands
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import ManifestError, UnsupportedManifestError, read_manifest
 
@@ -193,6 +194,7 @@ def catalog_sync(
 
 
 register_pipeline_commands(app)
+register_retention_commands(app)
 
 
 def main() -> None:

@@ -12,17 +12,25 @@ from ckptflow.catalog.models import (
     TIERS,
     CatalogEvent,
     Checkpoint,
+    CheckpointPin,
     CheckpointState,
+    DeletionAudit,
+    DeletionPhase,
     OutboxEvent,
     Replica,
     ReplicaState,
     Run,
 )
+from ckptflow.catalog.retention_rows import AuditFacts
 from ckptflow.catalog.rows import NotFound
 from ckptflow.catalog.sync import SyncReport, sync_from_root
 from ckptflow.catalog.transitions import CHECKPOINT_TRANSITIONS, REPLICA_TRANSITIONS, IllegalTransition
 
 __all__ = [
+    "AuditFacts",
+    "CheckpointPin",
+    "DeletionAudit",
+    "DeletionPhase",
     "CHECKPOINT_TRANSITIONS",
     "LIVE_STATES",
     "REPLICA_TRANSITIONS",

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy import text
 from sqlmodel import Session, SQLModel, col, select
 
+from ckptflow.catalog import retention_rows
 from ckptflow.catalog.engine import CatalogEngine, dispose_engine, get_engine, normalize_url
 from ckptflow.catalog.models import (
     LIVE_STATES,
@@ -332,3 +334,29 @@ class Catalog:
             if run is not None:
                 stmt = stmt.where(CatalogEvent.run == run)
             return list(session.exec(stmt))
+
+    # --- retention (the SQL lives in ckptflow.catalog.retention_rows) ---
+
+    def pin(self, checkpoint_id: int, holder: str, ttl_s: float) -> Any:
+        """Keep ``checkpoint_id`` from retention for ``ttl_s`` seconds; returns the expiry time."""
+        return retention_rows.pin(self, checkpoint_id, holder, ttl_s)
+
+    def unpin(self, checkpoint_id: int, holder: str) -> bool:
+        """Release ``holder``'s pin on ``checkpoint_id``; True if there was one."""
+        return retention_rows.unpin(self, checkpoint_id, holder)
+
+    def retention_snapshot(self, now: Any = None) -> Any:
+        """A pandas DataFrame of every replica in the retention planner's snapshot format."""
+        return retention_rows.retention_snapshot(self, now)
+
+    def record_soft_deleted(self, replica_id: int, trash_uri: str, facts: Any) -> bool:
+        """Replica DELETED at ``trash_uri`` and its audit row, in one transaction (idempotent)."""
+        return retention_rows.record_soft_deleted(self, replica_id, trash_uri, facts)
+
+    def record_purged(self, soft: Any, plan_id: str) -> bool:
+        """The "purged" audit row for a soft delete (once)."""
+        return retention_rows.record_purged(self, soft, plan_id)
+
+    def deletion_audit(self, phase: Any = None) -> list[Any]:
+        """The retention audit trail, oldest first."""
+        return retention_rows.deletion_audit(self, phase)

@@ -131,6 +131,7 @@ class Checkpoint(SQLModel, table=True):
     file_count: int = 0
     manifest_checksum: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict, sa_type=JSON)
+    tags: list[str] = Field(default_factory=list, sa_type=JSON)  # retention's keep_tagged reads these
     reason: str | None = None
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     committed_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -188,5 +189,52 @@ class CatalogEvent(SQLModel, table=True):
     detail: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
 
 
+class DeletionPhase(enum.StrEnum):
+    """How far one retention deletion has gone."""
+
+    SOFT_DELETED = "soft_deleted"  # moved aside on its tier (recoverable), replica marked deleted
+    PURGED = "purged"  # the moved-aside files removed after the grace period
+
+
+class DeletionAudit(SQLModel, table=True):
+    """Append-only audit of retention deletions: one row per soft delete and one per purge.
+
+    Each row is written in the same transaction as the replica change it records.
+    """
+
+    __tablename__ = "ckptflow_deletion_audit"
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, index=True)
+    replica_id: int = Field(index=True)
+    run: str = Field(index=True)
+    step: int
+    tier: str
+    uri: str  # where the files are: the moved-aside (trash) location
+    bytes: int = 0
+    policy_hash: str
+    rule: str
+    reason: str
+    monthly_usd_saved: float = 0.0
+    phase: DeletionPhase = Field(sa_type=_state_type(DeletionPhase))
+    plan_id: str
+
+
+class CheckpointPin(SQLModel, table=True):
+    """A hold on a checkpoint (a running drill, an operator): retention keeps it until expiry."""
+
+    __tablename__ = "ckptflow_checkpoint_pin"
+    __table_args__ = (UniqueConstraint("checkpoint_id", "holder", name="uq_ckptflow_pin_holder"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    checkpoint_id: int = Field(foreign_key="ckptflow_checkpoint.id", index=True)
+    holder: str  # e.g. "drill:<id>"
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    expires_at: datetime = Field(sa_type=UTCDateTime)
+
+
 # Only these tables are created: other code may define SQLModel tables on the shared metadata.
-TABLES = [m.__table__ for m in (Run, Checkpoint, Replica, OutboxEvent, CatalogEvent)]  # type: ignore[attr-defined]
+TABLES = [
+    m.__table__  # type: ignore[attr-defined]
+    for m in (Run, Checkpoint, Replica, OutboxEvent, CatalogEvent, DeletionAudit, CheckpointPin)
+]

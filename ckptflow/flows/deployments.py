@@ -1,4 +1,10 @@
-"""The deployments: promote on every staged event; reconcile and scrub on schedules.
+"""The deployments: promote on every staged event; reconcile, scrub and retention on schedules.
+
+``apply-retention-daily`` runs with ``apply: False`` (a dry run that publishes the plan as artifacts
+and emits ``ckptflow.retention.over_budget``): operators read a few plans, then flip the deployment's
+``apply`` parameter to true (``prefect deployment run apply-retention/apply-retention-daily
+-p apply=true`` once, or edit the parameter in the UI). The policy is ``retention.yaml`` beside
+``ckptflow.yaml``.
 
 ``python -m ckptflow.flows.deployments --config ckptflow.yaml`` serves them (a long-running process;
 ``ckptflow services up`` starts it). The same deployments are declared for work pools in
@@ -17,14 +23,21 @@ from prefect.events import DeploymentEventTrigger
 from ckptflow.catalog import STAGED_EVENT
 from ckptflow.flows.promote import promote
 from ckptflow.flows.reconcile import reconcile
+from ckptflow.flows.retention import apply_retention
 from ckptflow.flows.scrub import scrub
 
 PROMOTE_DEPLOYMENT = "promote-on-staged"
 RECONCILE_DEPLOYMENT = "reconcile-every-5-min"
 SCRUB_DEPLOYMENT = "scrub-daily"
+RETENTION_DEPLOYMENT = "apply-retention-daily"
 
 
-def deployments(config_path: str, reconcile_interval_s: int = 300, scrub_cron: str = "17 3 * * *") -> list:
+def deployments(
+    config_path: str,
+    reconcile_interval_s: int = 300,
+    scrub_cron: str = "17 3 * * *",
+    retention_cron: str = "41 4 * * *",
+) -> list:
     """The RunnerDeployments for ``config_path`` (absolute, so served runs find it)."""
     config = str(Path(config_path).resolve())
     on_staged = DeploymentEventTrigger(
@@ -58,6 +71,17 @@ def deployments(config_path: str, reconcile_interval_s: int = 300, scrub_cron: s
             cron=scrub_cron,
             parameters={"config_path": config},
             description="Re-verify warm and cold replicas and repair corrupt ones.",
+            tags=["ckptflow"],
+        ),
+        apply_retention.to_deployment(
+            name=RETENTION_DEPLOYMENT,
+            cron=retention_cron,
+            parameters={
+                "config_path": config,
+                "policy_path": str(Path(config).parent / "retention.yaml"),
+                "apply": False,  # dry run until an operator flips it (see the module docstring)
+            },
+            description="Plan retention (dry run by default); with apply=true soft-delete, then purge.",
             tags=["ckptflow"],
         ),
     ]

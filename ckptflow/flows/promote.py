@@ -49,8 +49,8 @@ def _promote_to(
             "seconds": round(time.perf_counter() - started, 3),
             "uri": existing["uri"],
         }
-    record_replica(config_path, checkpoint_id, tier, "pending", uri=existing["uri"])
-    record_replica(config_path, checkpoint_id, tier, "copying", uri=existing["uri"])
+    record_replica.fn(config_path, checkpoint_id, tier, "pending", uri=existing["uri"])
+    record_replica.fn(config_path, checkpoint_id, tier, "copying", uri=existing["uri"])
     futures = [copy_batch.submit(config_path, run, step, tier, paths, i) for i, paths in enumerate(batches)]
     copied = [f.result() for f in futures]
     uri = commit_replica(config_path, run, step, tier)
@@ -60,7 +60,7 @@ def _promote_to(
             config_path, checkpoint_id, tier, "corrupt", uri=uri, reason="; ".join(report["problems"])
         )
         raise PromotionError(f"{tier} replica of {run} step {step} failed verification: {report['problems']}")
-    record_replica(config_path, checkpoint_id, tier, "ready", uri=uri, bytes=report["bytes"])
+    record_replica.fn(config_path, checkpoint_id, tier, "ready", uri=uri, bytes=report["bytes"])
     return {
         "tier": tier,
         "action": "copied",
@@ -72,19 +72,20 @@ def _promote_to(
     }
 
 
+# Catalog writes are plain calls (.fn): a few milliseconds each, not worth a task run's overhead.
 @flow(name="promote", task_runner=ThreadPoolTaskRunner(max_workers=8), log_prints=False)
 def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
     """Copy checkpoint (run, step) from the hot tier to every colder tier, verifying each copy."""
     logger = get_run_logger()
     config, tiers = load(config_path)
     _, manifest = hot_manifest(config_path, run, step)
-    checkpoint_id = ensure_checkpoint_row(config_path, run, step)
+    checkpoint_id = ensure_checkpoint_row.fn(config_path, run, step)
     batches = file_batches(manifest)
     problems = [
         p for f in [verify_hot_batch.submit(config_path, run, step, b) for b in batches] for p in f.result()
     ]
     if problems:
-        record_replica(config_path, checkpoint_id, "hot", "corrupt", reason="; ".join(problems[:5]))
+        record_replica.fn(config_path, checkpoint_id, "hot", "corrupt", reason="; ".join(problems[:5]))
         raise PromotionError(f"hot copy of {run} step {step} does not match its manifest: {problems[:5]}")
     rows = []
     for tier in [t for t in config.tier_names() if t != "hot"]:

@@ -44,7 +44,7 @@ class PosixTierConfig(_Strict):
     kind: Literal["posix"]
     root: str = Field(min_length=1)
     price_per_gb_month: float = Field(default=0.0, ge=0)
-    workers: int = Field(default=4, ge=1, le=256)
+    workers: int = Field(default=8, ge=1, le=256)
 
 
 class S3TierConfig(_Strict):

@@ -7,7 +7,9 @@ durable until the file is fsynced. Every commit in ckptflow goes through these h
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 import uuid
 from pathlib import Path
 
@@ -17,6 +19,28 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def syncfs(path: str | os.PathLike[str]) -> None:
+    """Flush every dirty page of the filesystem holding ``path`` to stable storage, in one call.
+
+    After copying many files, one ``syncfs`` costs far less than an ``fsync`` per file (each fsync
+    waits for its own journal commit) and gives the same guarantee for every file written before
+    the call. Linux >= 5.8 reports writeback errors through it. Elsewhere: an fsync per file.
+    """
+    if _libc is None:
+        fsync_tree(path)
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), str(path))
     finally:
         os.close(fd)
 

@@ -26,9 +26,12 @@ class ChecksumMismatch(ValueError):
         self.detail = detail
 
 
-def copy_verified(src: Path, dst: Path, entry: FileEntry, progress: Progress | None = None) -> int:
-    """Copy ``src`` to ``dst`` (created, fsynced), verifying size and CRC against ``entry``.
+def copy_verified(
+    src: Path, dst: Path, entry: FileEntry, progress: Progress | None = None, fsync: bool = True
+) -> int:
+    """Copy ``src`` to ``dst``, verifying size and CRC against ``entry``.
 
+    ``fsync=False`` leaves durability to the caller (one ``atomic.syncfs`` after a batch of files).
     Raises ChecksumMismatch (and removes ``dst``) if the bytes are not the manifest's.
     """
     crc = 0
@@ -50,7 +53,8 @@ def copy_verified(src: Path, dst: Path, entry: FileEntry, progress: Progress | N
                 size += n
                 if progress is not None:
                     progress(n)
-            os.fsync(fout.fileno())
+            if fsync:
+                os.fsync(fout.fileno())
         if size != entry.size:
             raise ChecksumMismatch(entry.path, f"{size} bytes, manifest says {entry.size}")
         actual = checksums.encode(crc)

@@ -12,10 +12,11 @@ import secrets
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ckptflow.storage import layout
-from ckptflow.storage.atomic import fsync_path, publish_dir, write_file_atomic
+from ckptflow.storage.atomic import fsync_path, publish_dir, syncfs, write_file_atomic
 from ckptflow.storage.copy import ChecksumMismatch, copy_verified
 from ckptflow.storage.manifest import (
     MANIFEST_NAME,
@@ -28,11 +29,18 @@ from ckptflow.storage.manifest import (
 from ckptflow.storage.tier import Progress, TierError, TierVerifyReport, TransferResult
 from ckptflow.storage.verify import FileProblem, check_file, verify_files
 
+TRASH_MARK = ".trash-"
+
+
+def trash_stamp() -> str:
+    """A sortable UTC timestamp plus a random suffix (two soft deletes of one step never collide)."""
+    return f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{secrets.token_hex(3)}"
+
 
 class PosixTier:
     """Checkpoints under ``<root>/<run>/step-<N>/`` on a local or mounted filesystem."""
 
-    def __init__(self, name: str, root: str | Path, workers: int = 4) -> None:
+    def __init__(self, name: str, root: str | Path, workers: int = 8) -> None:
         self.name = name
         self.root = Path(root)
         self.workers = workers
@@ -73,11 +81,13 @@ class PosixTier:
             if dst.is_file() and dst.stat().st_size == entry.size and check_file(target, entry) is None:
                 skipped += 1
                 return 0
-            return copy_verified(source / entry.path, dst, entry, progress)
+            return copy_verified(source / entry.path, dst, entry, progress, fsync=False)
 
         threads = max(1, min(self.workers, len(entries)))
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"ckptflow-{self.name}") as pool:
             copied = sum(pool.map(one, entries))
+        if entries:
+            syncfs(target)  # every copied file durable in one call, before any commit can follow
         return copied, skipped
 
     def _incoming(self, manifest: Manifest) -> Path:
@@ -244,6 +254,67 @@ class PosixTier:
         os.rename(directory, doomed)
         fsync_path(directory.parent)
         shutil.rmtree(doomed)
+
+    # --- retention: soft delete (recoverable), purge, restore ---
+
+    def soft_delete(self, run: str, step: int) -> str:
+        """Move ``step-N`` aside to ``step-N.trash-<ts>`` in one rename; return the trash uri.
+
+        From the rename on, readers (``list_steps``, ``fetch``, sync) no longer see the step, and
+        :meth:`restore_soft_deleted` can bring it back until :meth:`purge`.
+        """
+        directory = self.path(run, step)
+        if not (directory / MANIFEST_NAME).is_file():
+            raise TierError(f"{self.name}: no committed checkpoint at {directory} to soft-delete")
+        trash = directory.with_name(f"{directory.name}{TRASH_MARK}{trash_stamp()}")
+        os.rename(directory, trash)
+        fsync_path(directory.parent)
+        return str(trash)
+
+    def soft_deleted(self, run: str, step: int) -> list[str]:
+        """Trash uris of (run, step) not yet purged, oldest first."""
+        run_dir = self.run_dir(run)
+        if not run_dir.is_dir():
+            return []
+        return sorted(
+            str(p) for p in run_dir.glob(f"{layout.committed_name(step)}{TRASH_MARK}*") if p.is_dir()
+        )
+
+    def _trash_path(self, run: str, trash_uri: str) -> Path:
+        path = Path(trash_uri)
+        if path.parent != self.run_dir(run) or TRASH_MARK not in path.name:
+            raise ValueError(f"{trash_uri} is not a soft-deleted checkpoint of run {run!r} on {self.name}")
+        return path
+
+    def purge(self, run: str, step_or_trash_uri: int | str) -> list[str]:
+        """Remove soft-deleted copies for good (one trash uri, or every one of a step); idempotent."""
+        if isinstance(step_or_trash_uri, int):
+            targets = [Path(u) for u in self.soft_deleted(run, step_or_trash_uri)]
+        else:
+            targets = [self._trash_path(run, step_or_trash_uri)]
+        purged = []
+        for trash in targets:
+            if not trash.exists():
+                continue
+            # Renamed to .deleting- first: an interrupted rmtree leaves what cleanup_stale removes.
+            doomed = trash.with_name(trash.name.replace(TRASH_MARK, ".deleting-", 1))
+            os.rename(trash, doomed)
+            fsync_path(trash.parent)
+            shutil.rmtree(doomed)
+            purged.append(str(trash))
+        return purged
+
+    def restore_soft_deleted(self, run: str, step: int, trash_uri: str | None = None) -> str:
+        """Move a soft-deleted copy back to ``step-N`` (the newest one unless ``trash_uri``)."""
+        candidates = [trash_uri] if trash_uri else self.soft_deleted(run, step)[-1:]
+        if not candidates:
+            raise TierError(f"{self.name}: run {run!r} step {step} has no soft-deleted copy to restore")
+        trash, final = self._trash_path(run, candidates[0]), self.path(run, step)
+        if final.exists():
+            raise TierError(f"{self.name}: {final} exists; refusing to overwrite it with {trash}")
+        os.rename(trash, final)
+        fsync_path(final.parent)
+        return str(final)
 
     def cleanup_stale(self, older_than_s: float) -> list[str]:
         removed: list[str] = []

@@ -27,6 +27,7 @@ from typing import Any
 from ckptflow.storage import checksums
 from ckptflow.storage.atomic import fsync_tree, publish_dir, write_file_atomic
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, ManifestError, parse_manifest
+from ckptflow.storage.posix_tier import TRASH_MARK, trash_stamp
 from ckptflow.storage.s3_client import S3Bucket, S3Credentials, stored_problem
 from ckptflow.storage.s3_transfer import (
     DEFAULT_PART_SIZE,
@@ -330,6 +331,67 @@ class S3Tier:
                 )
         for upload in list(self.s3.paginate("list_multipart_uploads", "Uploads", Prefix=base)):
             self.s3.abort(upload["Key"], upload["UploadId"])
+
+    # ------------------------------------------------------------------------------ retention
+    def soft_delete(self, run: str, step: int) -> str:
+        """Copy the manifest object to ``manifest.json.trash-<ts>``, then delete the manifest.
+
+        Readers ignore a step with no manifest; the shard objects stay until :meth:`purge`, and
+        :meth:`restore_soft_deleted` copies the manifest back. Returns the trash marker's uri.
+        """
+        base = self._step_key(run, step)
+        got = self.s3.get_bytes(base + MANIFEST_NAME)
+        if got is None:
+            raise TierError(f"{self.name}: no committed checkpoint at {self.uri(run, step)} to soft-delete")
+        data = got[0]
+        key = f"{base}{MANIFEST_NAME}{TRASH_MARK}{trash_stamp()}"
+        put_checked(self.s3, key, data, FileEntry(key, len(data), checksums.checksum_bytes(data)), None)
+        self.s3.call("delete_object", base + MANIFEST_NAME)
+        return f"s3://{self.bucket}/{key}"
+
+    def soft_deleted(self, run: str, step: int) -> list[str]:
+        """Trash marker uris of (run, step) not yet purged, oldest first."""
+        prefix = self._step_key(run, step) + MANIFEST_NAME + TRASH_MARK
+        keys = [o["Key"] for o in self.s3.paginate("list_objects_v2", "Contents", Prefix=prefix)]
+        return [f"s3://{self.bucket}/{k}" for k in sorted(keys)]
+
+    def _trash_key(self, run: str, trash_uri: str) -> tuple[str, int]:
+        head = f"s3://{self.bucket}/"
+        key = trash_uri[len(head) :] if trash_uri.startswith(head) else ""
+        match = re.search(r"/step-(\d+)/" + re.escape(MANIFEST_NAME + TRASH_MARK), key)
+        if not match or not key.startswith(self._step_key(run, int(match.group(1)))):
+            raise ValueError(f"{trash_uri} is not a soft-deleted checkpoint of run {run!r} on {self.name}")
+        return key, int(match.group(1))
+
+    def purge(self, run: str, step_or_trash_uri: int | str) -> list[str]:
+        """Delete the objects of a soft-deleted step; refused while a manifest makes it visible."""
+        if isinstance(step_or_trash_uri, int):
+            step, markers = step_or_trash_uri, self.soft_deleted(run, step_or_trash_uri)
+        else:
+            step, markers = self._trash_key(run, step_or_trash_uri)[1], [step_or_trash_uri]
+        if self.s3.head(self._step_key(run, step) + MANIFEST_NAME) is not None:
+            raise TierError(f"{self.name}: {self.uri(run, step)} is visible again (restored?); not purged")
+        existing = set(self.soft_deleted(run, step))
+        if not any(m in existing for m in markers):
+            return []
+        self.delete(run, step)  # the manifest is gone; removes shards and trash markers alike
+        return markers
+
+    def restore_soft_deleted(self, run: str, step: int, trash_uri: str | None = None) -> str:
+        """Copy a trash marker back to ``manifest.json`` (the step is visible again), then drop it."""
+        markers = [trash_uri] if trash_uri else self.soft_deleted(run, step)[-1:]
+        if not markers:
+            raise TierError(f"{self.name}: run {run!r} step {step} has no soft-deleted copy to restore")
+        key, _ = self._trash_key(run, markers[0])
+        got = self.s3.get_bytes(key)
+        if got is None:
+            raise TierError(f"{self.name}: {markers[0]} is gone (purged?)")
+        target = self._step_key(run, step) + MANIFEST_NAME
+        put_checked(
+            self.s3, target, got[0], FileEntry(target, len(got[0]), checksums.checksum_bytes(got[0])), None
+        )
+        self.s3.call("delete_object", key)
+        return self.uri(run, step)
 
     def cleanup_stale(self, older_than_s: float) -> list[str]:
         """Abort incomplete multipart uploads under the prefix started over ``older_than_s`` ago."""

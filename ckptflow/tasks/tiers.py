@@ -10,7 +10,7 @@ from ckptflow.storage.from_config import build_tiers
 from ckptflow.storage.manifest import FileEntry, Manifest
 from ckptflow.storage.tier import Tier
 
-DEFAULT_MAX_BATCHES = 16
+DEFAULT_MAX_BATCHES = 4  # each batch copies its files on several threads; more tasks only add overhead
 
 
 def load(config_path: str) -> tuple[CkptflowConfig, dict[str, Tier]]:

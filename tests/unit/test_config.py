@@ -74,7 +74,7 @@ def test_a_valid_full_config_loads(tmp_path: Path) -> None:
     assert isinstance(config, CkptflowConfig)
     assert config.tier_names() == ["hot", "warm", "cold"]
     hot, warm, cold = (config.tiers[n] for n in ("hot", "warm", "cold"))
-    assert isinstance(hot, PosixTierConfig) and hot.root == str(tmp_path / "hot") and hot.workers == 4
+    assert isinstance(hot, PosixTierConfig) and hot.root == str(tmp_path / "hot") and hot.workers == 8
     assert isinstance(warm, PosixTierConfig) and warm.workers == 16 and warm.price_per_gb_month == 0.03
     assert isinstance(cold, S3TierConfig)
     assert (cold.bucket, cold.prefix, cold.part_size_mib) == ("training-checkpoints", "runs", 16)

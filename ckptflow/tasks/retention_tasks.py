@@ -1,0 +1,44 @@
+"""Prefect tasks over :mod:`ckptflow.tasks.retention_ops` (the logic and its tests live there)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from ckptflow.tasks import retention_ops
+from ckptflow.tasks.retention_ops import RetentionReport
+
+OVER_BUDGET_EVENT = "ckptflow.retention.over_budget"
+
+
+@task(cache_policy=NO_CACHE)
+def reconcile_retention_task(config_path: str) -> list[dict[str, Any]]:
+    """Repair what a crashed apply left half done (see ``reconcile_retention``)."""
+    return retention_ops.reconcile_retention(config_path)
+
+
+@task(cache_policy=NO_CACHE)
+def retention_task(
+    config_path: str, policy_path: str | None, apply: bool, now_iso: str | None
+) -> RetentionReport:
+    """Plan, and with ``apply`` soft-delete the plan and purge what is past its grace period.
+
+    No retries: a partial apply is repaired by the next run's reconcile, never blindly repeated.
+    """
+    return retention_ops.apply_retention(config_path, policy_path, apply, now_iso, reconcile_first=False)
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def emit_over_budget(report: RetentionReport) -> str:
+    """Emit ``ckptflow.retention.over_budget`` for a plan whose budgets the floors make unreachable."""
+    from prefect.events import emit_event  # noqa: PLC0415
+
+    resource_id = f"ckptflow.retention.{report.plan.policy_hash[:12]}"
+    emit_event(
+        event=OVER_BUDGET_EVENT,
+        resource={"prefect.resource.id": resource_id},
+        payload={**retention_ops.over_budget_payload(report.plan), "plan_id": report.plan_id},
+    )
+    return resource_id
