@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import text
 from sqlmodel import Session, SQLModel, col, select
 
@@ -86,6 +87,7 @@ class Catalog:
                 # Ranks open the catalog at the same moment; without the lock two CREATE TABLEs race.
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
             SQLModel.metadata.create_all(conn, tables=TABLES)
+            _add_missing_columns(conn)
 
     @contextmanager
     def write_session(self) -> Iterator[Session]:
@@ -360,3 +362,17 @@ class Catalog:
     def deletion_audit(self, phase: Any = None) -> list[Any]:
         """The retention audit trail, oldest first."""
         return retention_rows.deletion_audit(self, phase)
+
+
+# Columns added after the first release: create_all() never alters an existing table, so a catalog
+# created by an older ckptflow gets them here (additive only; nothing is dropped or rewritten).
+_ADDED_COLUMNS = {"ckptflow_checkpoint": {"tags": "JSON DEFAULT '[]'"}}
+
+
+def _add_missing_columns(conn: Any) -> None:
+    inspector = sa_inspect(conn)
+    for table, columns in _ADDED_COLUMNS.items():
+        present = {c["name"] for c in inspector.get_columns(table)}
+        for name, ddl in columns.items():
+            if name not in present:
+                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {ddl}"))

@@ -21,6 +21,7 @@ from ckptflow.flows.promote import promote
 from ckptflow.storage import layout
 from ckptflow.tasks.catalog_tasks import record_replica
 from ckptflow.tasks.replica_tasks import cleanup_tier, replica_present
+from ckptflow.tasks.retention_ops import reconcile_retention
 from ckptflow.tasks.tiers import load
 
 
@@ -37,6 +38,16 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
     hot = tiers["hot"]
     colder = [t for t in config.tier_names() if t != "hot"]
     rows: list[dict[str, Any]] = []
+    # A retention apply killed mid-way leaves the catalog and a tier disagreeing: repair that first.
+    for repair in reconcile_retention(config_path):
+        rows.append(
+            {
+                "action": "retention repaired",
+                "run": repair.get("run", ""),
+                "step": repair.get("step"),
+                "detail": str(repair.get("detail", repair)),
+            }
+        )
     catalog = Catalog.open(config.catalog)
     try:
         for run in _runs_on_hot(str(hot.root)):  # type: ignore[attr-defined]

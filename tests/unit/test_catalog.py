@@ -331,3 +331,24 @@ def test_a_forked_child_gets_its_own_engine(tmp_path):
     catalog.record_writing("r", 3, "parent-again", world_size=1)  # the parent's pool still works
     assert [cp.save_id for cp in catalog.checkpoints("r")] == ["parent-again", "child", "parent"]
     catalog.dispose()
+
+
+def test_a_catalog_from_before_the_tags_column_is_upgraded_in_place(tmp_path):
+    from sqlalchemy import create_engine, inspect, text
+
+    from ckptflow.catalog import Catalog
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    Catalog.open(url).dispose()
+    engine = create_engine(url)
+    with engine.begin() as conn:  # the table as an older ckptflow created it
+        conn.execute(text("ALTER TABLE ckptflow_checkpoint DROP COLUMN tags"))
+    assert "tags" not in {c["name"] for c in inspect(engine).get_columns("ckptflow_checkpoint")}
+    engine.dispose()
+
+    catalog = Catalog.open(url)
+    try:
+        catalog.record_writing("old", 5, "s-5", 1)
+        assert [c.step for c in catalog.checkpoints("old")] == [5]
+    finally:
+        catalog.dispose()
