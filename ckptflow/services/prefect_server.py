@@ -131,7 +131,12 @@ class PrefectServer:
         return True
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM the server's process group, SIGKILL it if it lingers; remove the state file."""
+        """SIGTERM the server's process group, SIGKILL it if it lingers; remove the state file.
+
+        This process's buffered Prefect logs and events are sent first: otherwise they are retried
+        against the stopped server until the process exits.
+        """
+        _drain_prefect_workers()
         try:
             os.killpg(self.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -147,6 +152,16 @@ class PrefectServer:
                 pass
             _reap(self.pid)
         (self.directory / STATE_FILE).unlink(missing_ok=True)
+
+
+def _drain_prefect_workers() -> None:
+    if "prefect" not in sys.modules:
+        return
+    from prefect.events.worker import EventsWorker  # noqa: PLC0415
+    from prefect.logging.handlers import APILogWorker  # noqa: PLC0415
+
+    APILogWorker.drain_all(timeout=10)
+    EventsWorker.drain_all(timeout=10)
 
 
 def _reap(pid: int) -> None:

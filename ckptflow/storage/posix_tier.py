@@ -157,8 +157,11 @@ class PosixTier:
             seconds=time.perf_counter() - start,
         )
 
-    def commit(self, source: Path, manifest: Manifest) -> TransferResult:
-        """Publish the incoming directory: every file present at its size, manifest last, rename."""
+    def commit(self, source: Path, manifest: Manifest, files_checked: bool = False) -> TransferResult:
+        """Publish the incoming directory: every file present at its size, manifest last, rename.
+
+        ``files_checked`` is accepted for interface parity; the size check here is free either way.
+        """
         start = time.perf_counter()
         final = self.path(manifest.run, manifest.step)
         manifest_bytes = self._source_manifest(source, manifest)

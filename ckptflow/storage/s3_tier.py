@@ -106,7 +106,8 @@ class S3Tier:
             endpoint_url,
             region,
             credentials,
-            max_connections=2 * max_concurrency + 2,
+            # Several batches (tasks) share one cached tier: room for each one's file and part threads.
+            max_connections=4 * max_concurrency + 2,
             connect_timeout_s=connect_timeout_s,
             read_timeout_s=read_timeout_s,
             max_attempts=max_attempts,
@@ -221,9 +222,9 @@ class S3Tier:
             seconds=time.perf_counter() - start,
         )
 
-    def commit(self, source: Path, manifest: Manifest) -> TransferResult:
+    def commit(self, source: Path, manifest: Manifest, files_checked: bool = False) -> TransferResult:
         """Check every file is stored with its manifest checksum, then upload the manifest object last."""
-        return self._commit(Path(source), manifest, files_checked=False)
+        return self._commit(Path(source), manifest, files_checked=files_checked)
 
     def _commit(self, source: Path, manifest: Manifest, files_checked: bool) -> TransferResult:
         start = time.perf_counter()

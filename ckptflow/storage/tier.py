@@ -83,9 +83,10 @@ class Tier(Protocol):
         concurrently; a rerun skips files already present with the right checksum."""
         ...
 
-    def commit(self, source: Path, manifest: Manifest) -> TransferResult:
-        """Make the checkpoint visible: check every file arrived, then write the manifest last
-        (POSIX: and rename the directory into place)."""
+    def commit(self, source: Path, manifest: Manifest, files_checked: bool = False) -> TransferResult:
+        """Make the checkpoint visible: check every file arrived (skippable with ``files_checked``
+        when every ``put_files`` batch succeeded, since each proves its files), then write the
+        manifest last (POSIX: and rename the directory into place)."""
         ...
 
     def put(self, source: Path, manifest: Manifest, progress: Progress | None = None) -> TransferResult:

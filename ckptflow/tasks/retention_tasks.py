@@ -41,4 +41,8 @@ def emit_over_budget(report: RetentionReport) -> str:
         resource={"prefect.resource.id": resource_id},
         payload={**retention_ops.over_budget_payload(report.plan), "plan_id": report.plan_id},
     )
+    # emit_event only queues; an alert must not sit in a buffer if this process exits right after.
+    from prefect.events.worker import EventsWorker  # noqa: PLC0415
+
+    EventsWorker.drain_all(timeout=15)
     return resource_id
