@@ -247,7 +247,7 @@ def apply_retention(
 
 
 def plan_table(plan: RetentionPlan) -> list[dict[str, Any]]:
-    """The plan's deletions as table rows (a placeholder row when there are none)."""
+    """The plan's deletions as table rows (one "nothing to delete" row when there are none)."""
     rows = plan.to_rows()
     return rows or [{"run": "", "step": None, "tier": "", "bytes": 0, "rule_or_reason": "nothing to delete"}]
 
