@@ -115,7 +115,15 @@ def table(plan: RetentionPlan, policy: RetentionPolicy, snapshot: pd.DataFrame) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", type=Path, default=ROOT / "infra" / "retention.yaml")
+    parser.add_argument(
+        "--write-snapshot",
+        type=Path,
+        default=None,
+        help="also save the synthetic catalog snapshot (JSON lines) for `ckptflow retention plan --snapshot`",
+    )
     args = parser.parse_args()
+    if args.write_snapshot:
+        build_snapshot().to_json(args.write_snapshot, orient="records", lines=True, date_format="iso")
     policy = load_retention_policy(args.policy)
     snapshot = build_snapshot()
     plan = plan_retention(snapshot, policy, NOW)

@@ -75,20 +75,45 @@ def _print_plan(plan: object) -> None:
 
 @retention_app.command("plan")
 def plan_command(
-    policy: Path = _POLICY, config: Path = _CONFIG, now: str = typer.Option(None, help="ISO time")
+    policy: Path = _POLICY,
+    config: Path = typer.Option(None, "--config", help="ckptflow.yaml (plans from its catalog)"),
+    snapshot: Path = typer.Option(
+        None, "--snapshot", help="Plan from a snapshot file (JSON lines, one replica per line) instead"
+    ),
+    now: str = typer.Option(None, help="ISO time"),
 ) -> None:
     """Show what the policy would delete now, and the cost per tier before and after (a dry run)."""
-    from ckptflow.tasks.retention_ops import apply_retention  # noqa: PLC0415
-
     if not policy.is_file():
         _fail(f"retention policy {policy} does not exist")
+    if (config is None) == (snapshot is None):
+        _fail("give exactly one of --config (plan from the catalog) or --snapshot FILE")
     try:
-        report = apply_retention(str(config), str(policy), apply=False, now_iso=now)
+        if snapshot is not None:
+            plan = _plan_from_snapshot(policy, snapshot, now)
+        else:
+            from ckptflow.tasks.retention_ops import apply_retention  # noqa: PLC0415
+
+            plan = apply_retention(str(config), str(policy), apply=False, now_iso=now).plan
     except (ConfigError, ValueError, OSError) as exc:
         _fail(str(exc))
-    _print_plan(report.plan)
-    if report.plan.over_budget:
+    _print_plan(plan)
+    if plan.over_budget:
         raise typer.Exit(1)
+
+
+def _plan_from_snapshot(policy: Path, snapshot: Path, now: str | None) -> object:
+    """A catalog snapshot saved as JSON lines (e.g. from another site, or a synthetic run)."""
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    import pandas as pd  # noqa: PLC0415
+
+    from ckptflow.policy.retention import plan_retention  # noqa: PLC0415
+    from ckptflow.policy.retention_schema import load_retention_policy  # noqa: PLC0415
+
+    frame = pd.read_json(snapshot, lines=True, dtype={"run": str, "tier": str})
+    frame["created_at"] = pd.to_datetime(frame["created_at"], utc=True)
+    when = datetime.fromisoformat(now) if now else datetime.now(UTC)
+    return plan_retention(frame, load_retention_policy(policy), when)
 
 
 @retention_app.command("apply")
