@@ -32,6 +32,7 @@ import statistics
 import sys
 import time
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,7 +154,9 @@ def timed(fn: Callable[[], Any]) -> float:
 # over minutes, so interleaving makes every method see the same drift instead of one phase each.
 
 
-class Method:
+class Method(ABC):
+    """One way of saving the state dict; subclasses implement save()."""
+
     name = ""
     note = ""
 
@@ -161,14 +164,14 @@ class Method:
         self.sd = sd
         self.scratch = scratch
 
-    def setup(self) -> None:
+    def setup(self) -> None:  # noqa: B027 - an optional hook: most methods need no set-up
         """Work done once, before timing (buffer allocation and the like)."""
 
+    @abstractmethod
     def save(self) -> tuple[float, float]:
         """One save; return (stall, total) in seconds."""
-        raise NotImplementedError
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook, paired with setup()
         """Release what setup() allocated."""
 
 
