@@ -12,10 +12,12 @@ from ckptflow.catalog.models import (
     TIERS,
     CatalogEvent,
     Checkpoint,
+    CheckpointFile,
     CheckpointPin,
     CheckpointState,
     DeletionAudit,
     DeletionPhase,
+    Drill,
     OutboxEvent,
     Replica,
     ReplicaState,
@@ -28,7 +30,9 @@ from ckptflow.catalog.transitions import CHECKPOINT_TRANSITIONS, REPLICA_TRANSIT
 
 __all__ = [
     "AuditFacts",
+    "CheckpointFile",
     "CheckpointPin",
+    "Drill",
     "DeletionAudit",
     "DeletionPhase",
     "CHECKPOINT_TRANSITIONS",

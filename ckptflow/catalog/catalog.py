@@ -8,7 +8,7 @@ closes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,7 +24,9 @@ from ckptflow.catalog.models import (
     TIERS,
     CatalogEvent,
     Checkpoint,
+    CheckpointFile,
     CheckpointState,
+    Drill,
     OutboxEvent,
     Replica,
     ReplicaState,
@@ -41,6 +43,7 @@ from ckptflow.catalog.rows import (
     lock_step,
     locked,
     log_event,
+    replace_files,
     set_replica,
 )
 from ckptflow.catalog.transitions import transition_checkpoint
@@ -154,8 +157,10 @@ class Catalog:
         metrics: dict[str, float],
         hot_uri: str,
         event_payload: dict,
+        files: Sequence[Any] = (),
     ) -> int:
-        """In one transaction: checkpoint committed, hot replica ready, a staged outbox event.
+        """In one transaction: checkpoint committed with its file list (manifest ``FileEntry``s), hot
+        replica ready, a staged outbox event.
 
         Creates the row if its ``writing`` record was lost. A retry (already committed or verified)
         changes nothing and adds no second outbox event. Returns the checkpoint id.
@@ -180,6 +185,7 @@ class Catalog:
                 manifest_checksum=manifest_checksum,
                 metrics=clean_metrics,
             )
+            replace_files(session, cp.id, files)  # type: ignore[arg-type]
             set_replica(session, cp, "hot", ReplicaState.READY, now=now, uri=hot_uri, bytes=bytes)
             session.add(
                 OutboxEvent(kind=STAGED_EVENT, run=run, step=step, payload=event_payload, created_at=now)
@@ -318,6 +324,21 @@ class Catalog:
             rows = session.exec(select(Replica).where(Replica.checkpoint_id == checkpoint_id)).all()
         return sorted(rows, key=lambda r: (TIERS.index(r.tier) if r.tier in TIERS else len(TIERS), r.tier))
 
+    def files(self, checkpoint_id: int) -> list[CheckpointFile]:
+        """The files the catalog lists for one checkpoint, by path."""
+        with self.read_session() as session:
+            stmt = (
+                select(CheckpointFile)
+                .where(CheckpointFile.checkpoint_id == checkpoint_id)
+                .order_by(col(CheckpointFile.path))
+            )
+            return list(session.exec(stmt))
+
+    def all_files(self) -> list[CheckpointFile]:
+        """Every file row of every checkpoint (quality gates read them as one table)."""
+        with self.read_session() as session:
+            return list(session.exec(select(CheckpointFile)))
+
     def undelivered_events(self, limit: int = 100) -> list[OutboxEvent]:
         """Outbox events not yet emitted, oldest first."""
         with self.read_session() as session:
@@ -335,6 +356,39 @@ class Catalog:
             stmt = select(CatalogEvent).order_by(col(CatalogEvent.id).desc()).limit(limit)
             if run is not None:
                 stmt = stmt.where(CatalogEvent.run == run)
+            return list(session.exec(stmt))
+
+    # --- drills ---
+
+    def record_drill(self, drill: Drill) -> int:
+        """Insert a drill row, or update it when ``drill.id`` is set; returns its id."""
+        with self.write_session() as session:
+            if drill.id is None:
+                row = Drill.model_validate(drill.model_dump(exclude={"id"}))
+                session.add(row)
+            else:
+                row = session.exec(locked(select(Drill).where(Drill.id == drill.id))).one()
+                for name, value in drill.model_dump(exclude={"id"}).items():
+                    setattr(row, name, value)
+            session.flush()
+            log_event(
+                session,
+                "drill.passed" if row.passed else ("drill.failed" if row.finished_at else "drill.started"),
+                row.run,
+                row.step,
+                utcnow(),
+                drill_id=row.id,
+                tier=row.tier,
+                reason=row.reason,
+            )
+            return row.id  # type: ignore[return-value]
+
+    def drills(self, run: str | None = None, limit: int = 1000) -> list[Drill]:
+        """Drill history (of ``run``, or of all runs), newest first."""
+        with self.read_session() as session:
+            stmt = select(Drill).order_by(col(Drill.started_at).desc(), col(Drill.id).desc()).limit(limit)
+            if run is not None:
+                stmt = stmt.where(Drill.run == run)
             return list(session.exec(stmt))
 
     # --- retention (the SQL lives in ckptflow.catalog.retention_rows) ---

@@ -233,8 +233,68 @@ class CheckpointPin(SQLModel, table=True):
     expires_at: datetime = Field(sa_type=UTCDateTime)
 
 
+class CheckpointFile(SQLModel, table=True):
+    """One file of a committed checkpoint, as its manifest lists it.
+
+    Written in the same transaction as the commit (and by ``catalog sync``), so the catalog can say
+    which file of which checkpoint is affected without opening a manifest, and a quality gate can
+    prove the catalog lists every file the manifest does.
+    """
+
+    __tablename__ = "ckptflow_checkpoint_file"
+    __table_args__ = (UniqueConstraint("checkpoint_id", "path", name="uq_ckptflow_file_path"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    checkpoint_id: int = Field(foreign_key="ckptflow_checkpoint.id", index=True)
+    path: str  # relative to the checkpoint directory
+    bytes: int
+    checksum: str  # base64 CRC64NVME, the form S3 reports
+    rank: int = 0
+
+
+class Drill(SQLModel, table=True):
+    """One recovery drill: a checkpoint restored from a tier into a scratch job and its loss compared.
+
+    Numbers a drill could not measure (the load failed, say) are NULL; ``reason`` says why it failed.
+    """
+
+    __tablename__ = "ckptflow_drill"
+
+    id: int | None = Field(default=None, primary_key=True)
+    run: str = Field(index=True)
+    step: int | None = None  # None when no checkpoint could be chosen
+    checkpoint_id: int | None = None
+    tier: str
+    spec_name: str
+    started_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, index=True)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    saved_world_size: int | None = None
+    world_size: int
+    reference_loss: float | None = None
+    drill_loss: float | None = None
+    loss_delta: float | None = None  # |drill_loss - reference_loss|
+    tolerance: float
+    rto_s: float | None = None  # drill start -> loss computed
+    rto_objective_s: float
+    passed: bool = False
+    reason: str | None = None
+    phases: dict[str, float] = Field(default_factory=dict, sa_type=JSON)  # seconds per phase
+    failed_expectations: list[str] = Field(default_factory=list, sa_type=JSON)
+    flow_run_id: str | None = None
+
+
 # Only these tables are created: other code may define SQLModel tables on the shared metadata.
 TABLES = [
     m.__table__  # type: ignore[attr-defined]
-    for m in (Run, Checkpoint, Replica, OutboxEvent, CatalogEvent, DeletionAudit, CheckpointPin)
+    for m in (
+        Run,
+        Checkpoint,
+        CheckpointFile,
+        Replica,
+        OutboxEvent,
+        CatalogEvent,
+        DeletionAudit,
+        CheckpointPin,
+        Drill,
+    )
 ]

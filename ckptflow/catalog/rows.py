@@ -8,10 +8,11 @@ every caller, so PostgreSQL transactions cannot deadlock on them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert
+from sqlalchemy import delete, insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -22,6 +23,7 @@ from ckptflow.catalog.models import (
     TIERS,
     CatalogEvent,
     Checkpoint,
+    CheckpointFile,
     CheckpointState,
     Replica,
     ReplicaState,
@@ -248,3 +250,29 @@ def commit_checkpoint(session: Session, cp: Checkpoint, created: bool, now: date
         **{"from": from_state, "to": cp.state},
     )
     return superseded
+
+
+def file_rows_differ(session: Session, checkpoint_id: int, files: Sequence[Any]) -> bool:
+    """Whether the catalog's file list of a checkpoint differs from ``files`` (manifest entries)."""
+    rows = session.exec(select(CheckpointFile).where(CheckpointFile.checkpoint_id == checkpoint_id)).all()
+    have = {(r.path, r.bytes, r.checksum, r.rank) for r in rows}
+    return have != {(f.path, f.size, f.checksum, f.rank) for f in files}
+
+
+def replace_files(session: Session, checkpoint_id: int, files: Sequence[Any]) -> None:
+    """Make the catalog list exactly ``files`` (manifest ``FileEntry``s) for the checkpoint."""
+    session.execute(delete(CheckpointFile).where(col(CheckpointFile.checkpoint_id) == checkpoint_id))
+    if files:
+        session.execute(
+            insert(CheckpointFile),
+            [
+                {
+                    "checkpoint_id": checkpoint_id,
+                    "path": f.path,
+                    "bytes": f.size,
+                    "checksum": f.checksum,
+                    "rank": f.rank,
+                }
+                for f in files
+            ],
+        )

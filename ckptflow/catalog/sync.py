@@ -29,10 +29,12 @@ from ckptflow.catalog.catalog import Catalog
 from ckptflow.catalog.models import LIVE_STATES, Checkpoint, CheckpointState, Replica, ReplicaState, utcnow
 from ckptflow.catalog.rows import (
     commit_checkpoint,
+    file_rows_differ,
     get_or_create_checkpoint,
     is_legal,
     lock_replica,
     log_event,
+    replace_files,
     set_replica,
 )
 from ckptflow.catalog.transitions import transition_checkpoint
@@ -163,6 +165,9 @@ def _sync_committed(
     else:  # writing or abandoned: the manifest proves the commit happened
         report.marked_corrupt += commit_checkpoint(session, cp, created, now, **facts)
         cp.committed_at = _manifest_time(manifest) or now
+        changed = True
+    if file_rows_differ(session, cp.id, manifest.files):  # type: ignore[arg-type]
+        replace_files(session, cp.id, manifest.files)  # type: ignore[arg-type]
         changed = True
     if _hot_ready(session, cp, str(path), manifest.total_bytes, now):
         changed = True

@@ -180,6 +180,7 @@ def _finalize(job: SaveJob, stats: SaveStats) -> None:
             metrics=job.metrics,
             hot_uri=str(job.final_dir),
             event_payload=payload,
+            files=manifest.files,
         )
     if job.events is not None:
         job.on_phase("event")

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from ckptflow.catalog import Catalog, CheckpointState, ReplicaState, sync_from_root
 from ckptflow.storage import checksums, layout
@@ -71,6 +72,7 @@ def commit_from_disk(catalog: Catalog, path: Path) -> int:
         metrics=manifest.metrics,
         hot_uri=str(path),
         event_payload={"step": manifest.step},
+        files=manifest.files,
     )
 
 
@@ -125,6 +127,24 @@ def test_sync_repairs_existing_rows(catalog, tmp_path):
     assert rows[2].reason is None
     assert catalog.replicas(rows[4].id)[0].uri == str(root / "step-4")
     assert _sync_counts(sync_from_root(catalog, str(root))) == (0, 0, 0, 0)
+
+
+def test_commit_lists_every_manifest_file_and_sync_restores_a_lost_file_row(catalog, tmp_path):
+    path = write_checkpoint(tmp_path / "root", 5, "s5")
+    manifest = read_manifest(path)
+    cp_id = commit_from_disk(catalog, path)
+    listed = [(f.path, f.bytes, f.checksum) for f in catalog.files(cp_id)]
+    assert listed == sorted((f.path, f.size, f.checksum) for f in manifest.files) and listed
+    with catalog.write_session() as session:  # a row lost (bad migration, manual edit)
+        session.execute(
+            text(
+                "DELETE FROM ckptflow_checkpoint_file WHERE id = (SELECT MIN(id) FROM "
+                "ckptflow_checkpoint_file)"
+            )
+        )
+    assert len(catalog.files(cp_id)) == len(manifest.files) - 1
+    assert _sync_counts(sync_from_root(catalog, str(tmp_path / "root"))) == (0, 1, 0, 0)
+    assert [(f.path, f.bytes, f.checksum) for f in catalog.files(cp_id)] == listed
 
 
 def test_sync_marks_missing_directories_lost_and_follows_quarantine(catalog, tmp_path):
