@@ -16,7 +16,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ckptflow.cli_drill import register as register_drill_commands
 from ckptflow.cli_pipeline import register as register_pipeline_commands
+from ckptflow.cli_plan import plan_command
 from ckptflow.cli_retention import register as register_retention_commands
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import ManifestError, UnsupportedManifestError, read_manifest
@@ -195,6 +197,8 @@ def catalog_sync(
 
 register_pipeline_commands(app)
 register_retention_commands(app)
+register_drill_commands(app)
+app.command("plan")(plan_command)
 
 
 def main() -> None:

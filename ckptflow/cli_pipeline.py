@@ -67,7 +67,7 @@ def services_status(directory: Path = typer.Option(DEFAULT_STACK_DIR, "--dir")) 
         typer.echo(f"{name:>12}: {value}")
 
 
-def _prefect_env(config_path: Path) -> Any:
+def prefect_env(config_path: Path) -> Any:
     """Load the config and point this process's Prefect client at its server (never ephemeral)."""
     from ckptflow.policy.config import load_config  # noqa: PLC0415
 
@@ -89,7 +89,7 @@ def promote_command(
     config: Path = typer.Option(..., "--config", help="ckptflow.yaml"),
 ) -> None:
     """Promote one checkpoint hot -> warm -> cold now (what the staged event triggers)."""
-    _prefect_env(config)
+    prefect_env(config)
     from ckptflow.flows.promote import promote  # noqa: PLC0415
 
     for row in promote(run, step, str(config.resolve())):
@@ -100,7 +100,7 @@ def promote_command(
 
 def reconcile_command(config: Path = typer.Option(..., "--config", help="ckptflow.yaml")) -> None:
     """Catch up now: promote what events missed, clean interrupted uploads, mark vanished replicas."""
-    _prefect_env(config)
+    prefect_env(config)
     from ckptflow.flows.reconcile import reconcile  # noqa: PLC0415
 
     rows = reconcile(str(config.resolve()))
@@ -114,7 +114,7 @@ def reconcile_command(config: Path = typer.Option(..., "--config", help="ckptflo
 
 def scrub_command(config: Path = typer.Option(..., "--config", help="ckptflow.yaml")) -> None:
     """Re-verify warm and cold replicas now and repair corrupt ones (exit 1 if any stays corrupt)."""
-    _prefect_env(config)
+    prefect_env(config)
     from ckptflow.flows.scrub import scrub  # noqa: PLC0415
 
     rows = scrub(str(config.resolve()))

@@ -123,10 +123,10 @@ def apply_command(
     yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),
 ) -> None:
     """Run the apply-retention flow in apply mode: soft-delete the plan, purge what is past grace."""
-    from ckptflow.cli_pipeline import _prefect_env  # noqa: PLC0415
+    from ckptflow.cli_pipeline import prefect_env  # noqa: PLC0415
     from ckptflow.tasks.retention_ops import apply_retention as plan_only  # noqa: PLC0415
 
-    _prefect_env(config)
+    prefect_env(config)
     try:
         preview = plan_only(str(config), str(policy), apply=False)
     except (ConfigError, ValueError, OSError) as exc:

@@ -1,10 +1,17 @@
 """Train a small model on synthetic data on CPU, checkpointing with ckptflow; resumes when re-run.
 
     python examples/train_tiny.py --root /tmp/ckpt --steps 200
+    torchrun --nproc-per-node 2 examples/train_tiny.py --root /tmp/ckpt --run-name tiny  # 2 gloo ranks
 
 Kill it at any moment and run the same command again: it continues from the newest checkpoint that
 verifies, and ends bit-identical to a run that was never interrupted (data order, dropout masks,
 optimizer and LR-scheduler state are all restored).
+
+Every checkpoint records ``eval_loss``: the loss on a fixed batch at that step. ``drill_eval`` is the
+entry point a recovery drill calls (``eval: train_tiny:drill_eval`` in a drill spec): it rebuilds the
+same state, restores it through ckptflow and recomputes that loss, which must match.
+
+Under torchrun (``WORLD_SIZE`` > 1) each rank trains on its slice of every batch with DDP on gloo.
 """
 
 from __future__ import annotations
@@ -13,12 +20,15 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ckptflow.training_hooks import (
     Cadence,
@@ -56,6 +66,9 @@ class SchedulerState:
         self.scheduler.load_state_dict(state_dict)
 
 
+DATASET_SIZE = 4096
+
+
 def build_model(hidden: int) -> torch.nn.Module:
     return torch.nn.Sequential(
         torch.nn.Linear(32, hidden),
@@ -86,6 +99,32 @@ def eval_loss(model: torch.nn.Module, seed: int = 1234) -> float:
     return loss
 
 
+def build_state(hidden: int, seed: int, dataset_size: int) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
+    """The model, its optimizer and every Stateful the run checkpoints (keys as saved)."""
+    model = build_model(hidden)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.5)
+    state = {
+        "app": ModelState(model, optimizer),
+        "scheduler": SchedulerState(scheduler),
+        "sampler": ResumableSampler(dataset_size, seed=seed),
+        "rng": RNGState(),
+        "history": LossHistory(),
+    }
+    return model, optimizer, state
+
+
+def drill_eval(restore: Callable[[dict[str, Any]], int], hidden: int = 256, seed: int = 0) -> float:
+    """Recovery-drill entry point: rebuild the run's state, restore it, return the fixed-batch loss.
+
+    ``hidden`` and ``seed`` must match the training run's (give them as ``eval_kwargs`` in the spec).
+    """
+    torch.set_num_threads(1)
+    model, _, state = build_state(hidden, seed, DATASET_SIZE)
+    restore(state)
+    return eval_loss(model)
+
+
 def param_digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
@@ -102,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--save-every", type=int, default=10)
-    ap.add_argument("--run", default="tiny")
+    # --run-name: torchrun itself would take "--run" for its --run-path option.
+    ap.add_argument("--run", "--run-name", dest="run", default="tiny")
     ap.add_argument("--catalog", default=None, help="catalog URL or SQLite path")
     ap.add_argument(
         "--prefect-api-url", default=None, help="Prefect API that receives 'checkpoint staged' events"
@@ -118,20 +158,17 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     torch.set_num_threads(1)  # one thread: bit-identical arithmetic across runs on any machine
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:  # started by torchrun: one process per rank, gradients averaged by DDP over gloo
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if world > 1 else 0
     torch.manual_seed(args.seed)
-    x, y = synthetic_dataset(4096, args.seed)
-    model = build_model(args.hidden)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.5)
-    sampler = ResumableSampler(len(x), seed=args.seed)
-    history = LossHistory()
-    state = {
-        "app": ModelState(model, optimizer),
-        "scheduler": SchedulerState(scheduler),
-        "sampler": sampler,
-        "rng": RNGState(),
-        "history": history,
-    }
+    x, y = synthetic_dataset(DATASET_SIZE, args.seed)
+    model, optimizer, state = build_state(args.hidden, args.seed, len(x))
+    scheduler = state["scheduler"].scheduler
+    sampler: ResumableSampler = state["sampler"]
+    history: LossHistory = state["history"]
+    forward = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
 
     def trace(phase: str) -> None:
         if args.trace_phases:
@@ -163,15 +200,26 @@ def main(argv: list[str] | None = None) -> int:
         if idx[-1] is None:
             batches = iter(sampler)
             idx = [next(batches) for _ in range(args.batch)]
-        loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx])
+        mine = idx[rank::world]  # this rank's slice of the global batch
+        loss = torch.nn.functional.mse_loss(forward(x[mine]), y[mine])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         ckpt.wait_staged()  # the fence: the staged copy must be complete before parameters change
         optimizer.step()
         scheduler.step()
-        history.values.append(loss.item())
+        global_loss = loss.detach().clone()
+        if world > 1:
+            dist.all_reduce(global_loss)
+            global_loss /= world
+        history.values.append(global_loss.item())
         print(f"STEP {step + 1}", flush=True)
-        ckpt.maybe_save(step + 1, state, metrics={"loss": loss.item(), "eval_loss": eval_loss(model)})
+        # eval_loss: the reference a recovery drill compares with after restoring this checkpoint
+        # (a function, so the evaluation runs only on steps that save).
+        ckpt.maybe_save(
+            step + 1,
+            state,
+            metrics=lambda value=global_loss.item(): {"loss": value, "eval_loss": eval_loss(model)},
+        )
         if args.step_sleep:
             time.sleep(args.step_sleep)
     ckpt.close()
@@ -192,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             for s in ckpt.stats.history
         ],
     }
-    if args.result:
+    if args.result and rank == 0:
         args.result.write_text(json.dumps(result))
     print(f"DONE {result['param_digest']} loss={history.values[-1]:.6f}", flush=True)
     return 0

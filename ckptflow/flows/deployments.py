@@ -1,10 +1,11 @@
-"""The deployments: promote on every staged event; reconcile, scrub and retention on schedules.
+"""The deployments: promote on every staged event; reconcile, scrub, retention and drills on schedules.
 
 ``apply-retention-daily`` runs with ``apply: False`` (a dry run that publishes the plan as artifacts
 and emits ``ckptflow.retention.over_budget``): operators read a few plans, then flip the deployment's
 ``apply`` parameter to true (``prefect deployment run apply-retention/apply-retention-daily
 -p apply=true`` once, or edit the parameter in the UI). The policy is ``retention.yaml`` beside
-``ckptflow.yaml``.
+``ckptflow.yaml``; the drill spec is ``drill.yaml`` beside it (``recovery-drill-daily`` fails with an
+error naming the file until one exists: see ``ckptflow.policy.drill_spec``).
 
 ``python -m ckptflow.flows.deployments --config ckptflow.yaml`` serves them (a long-running process;
 ``ckptflow services up`` starts it). The same deployments are declared for work pools in
@@ -21,6 +22,7 @@ from prefect import serve
 from prefect.events import DeploymentEventTrigger
 
 from ckptflow.catalog import STAGED_EVENT
+from ckptflow.flows.drill import recovery_drill
 from ckptflow.flows.promote import promote
 from ckptflow.flows.reconcile import reconcile
 from ckptflow.flows.retention import apply_retention
@@ -30,6 +32,8 @@ PROMOTE_DEPLOYMENT = "promote-on-staged"
 RECONCILE_DEPLOYMENT = "reconcile-every-5-min"
 SCRUB_DEPLOYMENT = "scrub-daily"
 RETENTION_DEPLOYMENT = "apply-retention-daily"
+DRILL_DEPLOYMENT = "recovery-drill-daily"
+DEFAULT_DRILL_CRON = "23 5 * * *"
 
 
 def deployments(
@@ -37,6 +41,7 @@ def deployments(
     reconcile_interval_s: int = 300,
     scrub_cron: str = "17 3 * * *",
     retention_cron: str = "41 4 * * *",
+    drill_cron: str = DEFAULT_DRILL_CRON,
 ) -> list:
     """The RunnerDeployments for ``config_path`` (absolute, so served runs find it)."""
     config = str(Path(config_path).resolve())
@@ -82,6 +87,13 @@ def deployments(
                 "apply": False,  # dry run until an operator flips it (see the module docstring)
             },
             description="Plan retention (dry run by default); with apply=true soft-delete, then purge.",
+            tags=["ckptflow"],
+        ),
+        recovery_drill.to_deployment(
+            name=DRILL_DEPLOYMENT,
+            cron=drill_cron,
+            parameters={"spec_path": str(Path(config).parent / "drill.yaml"), "config_path": config},
+            description="Restore a checkpoint from cold into a scratch job, compare its loss, time it.",
             tags=["ckptflow"],
         ),
     ]

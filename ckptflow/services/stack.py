@@ -135,8 +135,10 @@ def wait_for_deployments(prefect: PrefectServer, names: list[str], timeout_s: fl
 def up(directory: Path, serve: bool = True, reconcile_interval_s: int = 300) -> Stack:
     """Start (or find running) SeaweedFS, Prefect and the deployment server under ``directory``."""
     from ckptflow.flows.deployments import (  # noqa: PLC0415 - Prefect only when serving
+        DRILL_DEPLOYMENT,
         PROMOTE_DEPLOYMENT,
         RECONCILE_DEPLOYMENT,
+        RETENTION_DEPLOYMENT,
         SCRUB_DEPLOYMENT,
     )
 
@@ -149,7 +151,16 @@ def up(directory: Path, serve: bool = True, reconcile_interval_s: int = 300) -> 
     pid = None
     if serve:
         pid = start_serving(directory, prefect, config, reconcile_interval_s)
-        wait_for_deployments(prefect, [PROMOTE_DEPLOYMENT, RECONCILE_DEPLOYMENT, SCRUB_DEPLOYMENT])
+        wait_for_deployments(
+            prefect,
+            [
+                PROMOTE_DEPLOYMENT,
+                RECONCILE_DEPLOYMENT,
+                SCRUB_DEPLOYMENT,
+                RETENTION_DEPLOYMENT,
+                DRILL_DEPLOYMENT,
+            ],
+        )
     return Stack(directory, seaweed, prefect, pid)
 
 

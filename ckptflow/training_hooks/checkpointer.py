@@ -220,14 +220,24 @@ class Checkpointer:
 
     # --- save -----------------------------------------------------------------------------------
 
-    def maybe_save(self, step: int, state: dict[str, Any], metrics: dict[str, Any] | None = None) -> bool:
-        """Save if the cadence says ``step`` is due; return whether a save was started."""
+    def maybe_save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        metrics: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
+    ) -> bool:
+        """Save if the cadence says ``step`` is due; return whether a save was started.
+
+        ``metrics`` may be a function returning the dict: it is called only when a save is due, so
+        an evaluation recorded with each checkpoint (e.g. the loss on a fixed batch that recovery
+        drills compare against) costs nothing on the other steps.
+        """
         due = self.cadence.is_due(step)
         if self.world_size > 1 and self.cadence.mode is not CadenceMode.STEPS:
             due = bool(ranks.broadcast(due))  # clocks differ across ranks; rank 0 decides
         if not due:
             return False
-        return self.save(step, state, metrics)
+        return self.save(step, state, metrics() if callable(metrics) else metrics)
 
     def save(self, step: int, state: dict[str, Any], metrics: dict[str, Any] | None = None) -> bool:
         """Stage ``state`` and write it as checkpoint ``step`` in the background.

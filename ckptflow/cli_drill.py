@@ -1,0 +1,107 @@
+"""``ckptflow drill run|history``: recovery drills on demand and their record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+
+from ckptflow.policy.yaml_source import ConfigError
+
+drill_app = typer.Typer(
+    help="Recovery drills: restore a checkpoint into a scratch job and compare its loss.",
+    no_args_is_help=True,
+)
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"ckptflow: error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+@drill_app.command("run")
+def drill_run(
+    spec: Path = typer.Option(..., "--spec", help="drill.yaml"),
+    config: Path = typer.Option(None, "--config", help="ckptflow.yaml (default: the spec's 'config')"),
+) -> None:
+    """Run a drill now (as a Prefect flow run), print the verdict; exit 1 if the drill fails."""
+    from ckptflow.cli_pipeline import prefect_env  # noqa: PLC0415
+    from ckptflow.policy.drill_spec import load_drill_spec  # noqa: PLC0415
+
+    try:
+        loaded = load_drill_spec(spec)
+    except ConfigError as exc:
+        _fail(str(exc))
+    config_path = config or (Path(loaded.config) if loaded.config else None)
+    if config_path is None:
+        _fail(f"{spec}: field 'config': required unless --config is given")
+    prefect_env(config_path)
+    from ckptflow.flows.drill import DrillFailed, recovery_drill  # noqa: PLC0415
+
+    try:
+        summary = recovery_drill(str(spec.resolve()), str(config_path.resolve()))
+    except DrillFailed as exc:
+        summary = exc.summary
+    except ConfigError as exc:
+        _fail(str(exc))
+    for key in (
+        "run",
+        "step",
+        "tier",
+        "saved_world_size",
+        "world_size",
+        "reference_loss",
+        "drill_loss",
+        "loss_delta",
+        "tolerance",
+        "rto_s",
+        "rto_objective_s",
+    ):
+        typer.echo(f"{key:>17}: {summary[key]}")
+    for line in summary["failed_expectations"]:
+        typer.echo(f"  failed expectation: {line}")
+    typer.echo(summary["verdict"])
+    if not summary["passed"]:
+        raise typer.Exit(1)
+
+
+@drill_app.command("history")
+def drill_history(
+    config: Path = typer.Option(None, "--config", help="ckptflow.yaml (its catalog)"),
+    catalog: str = typer.Option(None, "--catalog", help="catalog URL or SQLite path instead of --config"),
+    run: str = typer.Option(None, "--run", help="only this run's drills"),
+    limit: int = typer.Option(50, "--limit", min=1, help="newest drills to show"),
+    png: Path = typer.Option(None, "--png", help="also plot RTO and loss delta over time to this PNG"),
+) -> None:
+    """The drill history as a table (newest last), optionally plotted."""
+    import pandas as pd  # noqa: PLC0415
+
+    from ckptflow.catalog import Catalog  # noqa: PLC0415
+    from ckptflow.policy.config import load_config  # noqa: PLC0415
+    from ckptflow.tasks.drill_history import history_frame, plot_history  # noqa: PLC0415
+
+    if (config is None) == (catalog is None):
+        _fail("give exactly one of --config ckptflow.yaml or --catalog URL")
+    if config is not None:
+        try:
+            catalog = load_config(config).catalog
+        except ConfigError as exc:
+            _fail(str(exc))
+    db = Catalog.open(catalog)
+    try:
+        frame = history_frame(db.drills(run, limit=limit))
+    finally:
+        db.dispose()
+    if frame.empty:
+        typer.echo("no drills recorded" + (f" for run {run!r}" if run else ""))
+        return
+    with pd.option_context("display.width", 200, "display.max_columns", None, "display.max_colwidth", 60):
+        typer.echo(frame.to_string(index=False))
+    typer.echo(f"{int(frame['passed'].sum())} of {len(frame)} drills passed")
+    if png is not None:
+        typer.echo(f"wrote {plot_history(frame, str(png))}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(drill_app, name="drill")
