@@ -12,14 +12,14 @@ the policy file; the markdown goes into the doc as printed.
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from ckptflow.policy.retention import RetentionPlan, plan_retention
 from ckptflow.policy.retention_schema import RetentionPolicy, load_retention_policy
+from ckptflow.policy.synthetic import synthetic_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
@@ -31,30 +31,17 @@ HOT_HOLDS = 8
 
 
 def build_snapshot() -> pd.DataFrame:
-    rng = np.random.default_rng(405)
-    k = np.arange(1, CHECKPOINTS + 1)
-    created = pd.Timestamp(NOW) - pd.to_timedelta((CHECKPOINTS - k) * 30, unit="min")
-    loss = 1.55 + 2.5 * np.exp(-k / 500) + rng.normal(0.0, 0.004, CHECKPOINTS)
-    tags = np.array([[], ["release"]], dtype=object)[np.isin(k, (1000, 2000)).astype(int)]
-    parts = []
-    for tier, held in (("hot", k > CHECKPOINTS - HOT_HOLDS), ("warm", k > 0), ("cold", k > 0)):
-        parts.append(
-            pd.DataFrame(
-                {
-                    "run": "llama-405b-synthetic",
-                    "step": k[held] * STEPS_PER_CHECKPOINT,
-                    "tier": tier,
-                    "bytes": CHECKPOINT_BYTES,
-                    "created_at": created[held],
-                    "replica_state": "ready",
-                    "checkpoint_state": "verified",
-                    "tags": tags[held],
-                    "pinned": False,
-                    "metric_loss": loss[held],
-                }
-            )
-        )
-    return pd.concat(parts, ignore_index=True)
+    return synthetic_snapshot(
+        run="llama-405b-synthetic",
+        checkpoints=CHECKPOINTS,
+        checkpoint_bytes=CHECKPOINT_BYTES,
+        steps_per_checkpoint=STEPS_PER_CHECKPOINT,
+        period=timedelta(minutes=30),
+        now=NOW,
+        holds={"hot": HOT_HOLDS, "warm": None, "cold": None},
+        tagged={1000: ["release"], 2000: ["release"]},
+        seed=405,
+    )
 
 
 def why_kept(snapshot: pd.DataFrame, policy: RetentionPolicy, step: int) -> str:
