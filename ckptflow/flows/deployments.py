@@ -20,6 +20,7 @@ from pathlib import Path
 
 from prefect import serve
 from prefect.events import DeploymentEventTrigger
+from prefect.types.entrypoint import EntrypointType
 
 from ckptflow.catalog import STAGED_EVENT
 from ckptflow.flows.drill import recovery_drill
@@ -56,9 +57,13 @@ def deployments(
             "config_path": config,
         },
     )
+    # Module entrypoints (ckptflow.flows.promote.promote), not file paths: a Dask worker that receives
+    # the flow with each task must be able to import it (see ckptflow.flows.runners).
+    module = EntrypointType.MODULE_PATH
     return [
         promote.to_deployment(
             name=PROMOTE_DEPLOYMENT,
+            entrypoint_type=module,
             triggers=[on_staged],
             parameters={"config_path": config},
             description="Verify and copy a checkpoint hot -> warm -> cold when training stages it.",
@@ -66,6 +71,7 @@ def deployments(
         ),
         reconcile.to_deployment(
             name=RECONCILE_DEPLOYMENT,
+            entrypoint_type=module,
             interval=reconcile_interval_s,
             parameters={"config_path": config},
             description="Promote what events missed, clean interrupted uploads, mark vanished replicas.",
@@ -73,6 +79,7 @@ def deployments(
         ),
         scrub.to_deployment(
             name=SCRUB_DEPLOYMENT,
+            entrypoint_type=module,
             cron=scrub_cron,
             parameters={"config_path": config},
             description="Re-verify warm and cold replicas and repair corrupt ones.",
@@ -80,6 +87,7 @@ def deployments(
         ),
         apply_retention.to_deployment(
             name=RETENTION_DEPLOYMENT,
+            entrypoint_type=module,
             cron=retention_cron,
             parameters={
                 "config_path": config,
@@ -91,6 +99,7 @@ def deployments(
         ),
         recovery_drill.to_deployment(
             name=DRILL_DEPLOYMENT,
+            entrypoint_type=module,
             cron=drill_cron,
             parameters={"spec_path": str(Path(config).parent / "drill.yaml"), "config_path": config},
             description="Restore a checkpoint from cold into a scratch job, compare its loss, time it.",

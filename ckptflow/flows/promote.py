@@ -5,17 +5,22 @@ verify the hot copy against its manifest, copy it to warm (batches in parallel, 
 verify, upload it to S3 (multipart, each file's manifest CRC supplied so S3 verifies the full
 object), confirm the stored checksums, manifest object last, and mark the replicas READY.
 A rerun skips replicas that already verify and resumes interrupted copies.
+
+The per-batch tasks run where ``ckptflow.yaml`` says (``prefect.task_runner``): threads of this
+process, or a Dask cluster (see ``ckptflow.flows.runners``); catalog writes stay in this process.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
-from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.task_runners import TaskRunner
 
+from ckptflow.flows.runners import submit, task_runner_for
 from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica
 from ckptflow.tasks.replica_tasks import (
     commit_replica,
@@ -26,13 +31,21 @@ from ckptflow.tasks.replica_tasks import (
 )
 from ckptflow.tasks.tiers import file_batches, load
 
+PROMOTE_THREADS = 8  # thread-pool size with task_runner: threads
+
 
 class PromotionError(RuntimeError):
     """A replica could not be made and verified; the hot copy is untouched."""
 
 
 def _promote_to(
-    config_path: str, run: str, step: int, tier: str, batches: list[list[str]], checkpoint_id: int
+    runner: TaskRunner[Any],
+    config_path: str,
+    run: str,
+    step: int,
+    tier: str,
+    batches: list[list[str]],
+    checkpoint_id: int,
 ) -> dict[str, Any]:
     started = time.perf_counter()
     existing = verify_replica(config_path, run, step, tier)
@@ -51,7 +64,9 @@ def _promote_to(
         }
     record_replica.fn(config_path, checkpoint_id, tier, "pending", uri=existing["uri"])
     record_replica.fn(config_path, checkpoint_id, tier, "copying", uri=existing["uri"])
-    futures = [copy_batch.submit(config_path, run, step, tier, paths, i) for i, paths in enumerate(batches)]
+    futures = [
+        submit(runner, copy_batch, config_path, run, step, tier, paths, i) for i, paths in enumerate(batches)
+    ]
     copied = [f.result() for f in futures]
     uri = commit_replica(config_path, run, step, tier)
     report = verify_replica(config_path, run, step, tier)
@@ -73,40 +88,43 @@ def _promote_to(
 
 
 # Catalog writes are plain calls (.fn): a few milliseconds each, not worth a task run's overhead.
-@flow(name="promote", task_runner=ThreadPoolTaskRunner(max_workers=8), log_prints=False)
+# No task_runner here: the batch tasks go through task_runner_for(config), chosen per run from
+# ckptflow.yaml (a decorator's runner is fixed at import time, before the config is known).
+@flow(name="promote", log_prints=False)
 def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
     """Copy checkpoint (run, step) from the hot tier to every colder tier, verifying each copy."""
     logger = get_run_logger()
-    config, tiers = load(config_path)
+    config_path = str(Path(config_path).resolve())  # Dask workers may run in another directory
+    config, _ = load(config_path)
     _, manifest = hot_manifest(config_path, run, step)
     checkpoint_id = ensure_checkpoint_row.fn(config_path, run, step)
     batches = file_batches(manifest)
-    problems = [
-        p for f in [verify_hot_batch.submit(config_path, run, step, b) for b in batches] for p in f.result()
-    ]
-    if problems:
-        record_replica.fn(config_path, checkpoint_id, "hot", "corrupt", reason="; ".join(problems[:5]))
-        raise PromotionError(f"hot copy of {run} step {step} does not match its manifest: {problems[:5]}")
     rows = []
-    for tier in [t for t in config.tier_names() if t != "hot"]:
-        row = _promote_to(config_path, run, step, tier, batches, checkpoint_id)
-        logger.info(
-            "%s step %d -> %s: %s (%d files, %d bytes, %.2f s)",
-            run,
-            step,
-            tier,
-            row["action"],
-            row["files"],
-            row["bytes"],
-            row["seconds"],
-        )
-        rows.append(row)
+    with task_runner_for(config, threads=PROMOTE_THREADS) as runner:
+        logger.info("%s step %d: %d batches on the %s task runner", run, step, len(batches), runner.name)
+        checks = [submit(runner, verify_hot_batch, config_path, run, step, b) for b in batches]
+        problems = [p for f in checks for p in f.result()]
+        if problems:
+            record_replica.fn(config_path, checkpoint_id, "hot", "corrupt", reason="; ".join(problems[:5]))
+            raise PromotionError(f"hot copy of {run} step {step} does not match its manifest: {problems[:5]}")
+        for tier in [t for t in config.tier_names() if t != "hot"]:
+            row = _promote_to(runner, config_path, run, step, tier, batches, checkpoint_id)
+            logger.info(
+                "%s step %d -> %s: %s (%d files, %d bytes, %.2f s)",
+                run,
+                step,
+                tier,
+                row["action"],
+                row["files"],
+                row["bytes"],
+                row["seconds"],
+            )
+            rows.append(row)
     create_table_artifact(
         key=f"promote-{_slug(run)}",
         table=[{"run": run, "step": step, "batches": len(batches), **row} for row in rows],
         description=f"promote {run} step {step}: {len(manifest.files)} files, {manifest.total_bytes} bytes",
     )
-    del tiers
     return rows
 
 
