@@ -1,12 +1,20 @@
-"""The main job: train, get killed twice as nodes die, resume automatically, end bit-identical.
+"""The main job: the whole checkpoint lifecycle on one machine, with nodes dying along the way.
 
-    make demo            (or: .venv/bin/python examples/demo.py)
+    make demo                 (or: .venv/bin/python examples/demo.py)
+    make demo KEEP_UP=1       (leave the services running to explore the Prefect UI)
 
-1. A reference run of examples/train_tiny.py trains uninterrupted.
-2. The same training runs under a supervisor that SIGKILLs it once in the middle of a background
-   save and once between saves, and restarts it each time, as an orchestrator restarts a job after a
-   node failure. Each restart resumes from the newest checkpoint that verifies.
-3. The final loss and parameters are compared with the reference, to the last bit.
+1. Services: SeaweedFS (S3, auth on) and a Prefect server on 127.0.0.1, and the ckptflow
+   deployments served (promote on every "checkpoint staged" event; reconcile, scrub, retention and
+   the recovery drill on schedules). A running stack from ``--keep-up`` is reused.
+2. A reference run of examples/train_tiny.py trains uninterrupted (no pipeline: the ground truth).
+3. The same training runs under a supervisor that SIGKILLs it in the middle of a background save and
+   again between saves, restarting it each time as an orchestrator would after a node failure. Each
+   restart resumes from the newest checkpoint that verifies. Every commit emits an event that
+   promotes the checkpoint hot -> warm -> cold (S3 multipart, checksums verified by the server).
+4. Wait for the promotions; apply the demo retention policy (examples/demo_retention.yaml); run a
+   recovery drill that restores the newest cold copy into a 2-rank scratch job and compares its loss.
+5. Print a summary: checkpoints per tier (each re-verified now), stall and throughput, storage
+   $/month, the drill verdict and the Prefect UI address; then stop the services it started.
 """
 
 from __future__ import annotations
@@ -17,114 +25,253 @@ import shutil
 import statistics
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from ckptflow.storage import layout
-from ckptflow.storage.verify import verify_checkpoint
+import yaml
+
 from ckptflow.supervise import SupervisedProcess
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE / "train_tiny.py"
+RETENTION = HERE / "demo_retention.yaml"
+HIDDEN = 512
+SAVE_EVERY = 25
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, default=HERE.parent / ".scratch" / "demo")
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--keep-up", action="store_true", help="keep the demo's files for inspection")
+    ap.add_argument("--keep-up", action="store_true", help="leave the services (and files) running")
     args = ap.parse_args(argv)
-
-    work = args.workdir
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
     began = time.monotonic()
+    work: Path = args.workdir.resolve()
+    run = "demo-" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")  # a reused stack keeps older runs
+    runs_dir = work / "runs" / run
+    runs_dir.mkdir(parents=True)
 
-    def cmd(root: Path, result: Path) -> list[str]:
-        return [
-            sys.executable,
-            str(EXAMPLE),
-            "--root",
-            str(root),
-            "--steps",
-            str(args.steps),
-            "--save-every",
-            "25",
-            "--hidden",
-            "512",
-            "--trace-phases",
-            "--result",
-            str(result),
-            "--catalog",
-            str(work / "catalog.db"),
-        ]
+    from ckptflow.services import stack as local_stack
 
-    print("1/3 reference run (uninterrupted) ...", flush=True)
-    ref = SupervisedProcess(cmd(work / "reference", work / "reference.json"), log_path=work / "reference.log")
-    if ref.wait() != 0:
-        print(f"reference run failed; see {work / 'reference.log'}")
-        return 1
+    print("1/5 services: SeaweedFS (S3, auth on), Prefect server, deployments ...", flush=True)
+    reused = local_stack.find(work / "stack") is not None
+    stack = local_stack.up(work / "stack", serve=True, reconcile_interval_s=60)
+    ok = False
+    # This process's flow runs (retention, drill) report to the stack's server, never an ephemeral
+    # one: Prefect read its settings at import, so they are overridden here, not through os.environ.
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE, temporary_settings
 
-    print("2/3 supervised run: SIGKILL during a background save, then between saves ...", flush=True)
-    root, result, log = work / "ckpt", work / "run.json", work / "run.log"
-    events = []
-    proc = SupervisedProcess(cmd(root, result), log_path=log)
+    try:
+        with temporary_settings(
+            {PREFECT_API_URL: stack.prefect.api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False}
+        ):
+            ok = lifecycle(args, stack, run, runs_dir, reused, began)
+    finally:
+        if args.keep_up:
+            print("services left running (--keep-up); stop them with:")
+            print(f"  .venv/bin/ckptflow services down --dir {stack.directory}")
+        else:
+            local_stack.down(stack.directory)
+            # The stack's data stays (a second run starts faster); `make clean-scratch` removes it.
+            print(f"services stopped; data kept under {work} (make clean-scratch removes it)")
+    return 0 if ok else 1
+
+
+def lifecycle(
+    args: argparse.Namespace, stack: Any, run: str, runs_dir: Path, reused: bool, began: float
+) -> bool:
+    config = stack.config_path
+    print(f"    {'reused the running stack' if reused else 'started'}: Prefect UI {stack.prefect.ui_url}")
+
+    print("2/5 reference run (uninterrupted, no pipeline) ...", flush=True)
+    reference_json = runs_dir / "reference.json"
+    argv = train_argv(args, ["--root", str(runs_dir / "reference"), "--result", str(reference_json)])
+    if SupervisedProcess(argv, log_path=runs_dir / "reference.log").wait() != 0:
+        print(f"reference run failed; see {runs_dir / 'reference.log'}")
+        return False
+
+    print("3/5 training with node failures: SIGKILL during a save, then between saves ...", flush=True)
+    result_json, log = runs_dir / "run.json", runs_dir / "run.log"
+    argv = train_argv(args, ["--config", str(config), "--run", run, "--result", str(result_json)])
+    events = supervised_run_with_failures(argv, log)
+    if events is None:
+        print(f"resumed run failed; see {log}")
+        return False
+    for what, step in events:
+        print(f"    {what}: {step}")
+    reference = json.loads(reference_json.read_text())
+    final = json.loads(result_json.read_text())
+    identical = (
+        final["loss_history"] == reference["loss_history"]
+        and final["param_digest"] == reference["param_digest"]
+    )
+    print(f"    loss history and parameters bit-identical to the reference: {'YES' if identical else 'NO'}")
+
+    print("4/5 promotions (event-triggered), retention, recovery drill ...", flush=True)
+    t0 = time.monotonic()
+    steps = list(range(SAVE_EVERY, args.steps + 1, SAVE_EVERY))
+    promoted = wait_promoted(config, run, steps, timeout_s=300)
+    print(
+        f"    {len(steps)} checkpoints promoted to warm and cold {'' if promoted else 'NOT all '}"
+        f"(waited {time.monotonic() - t0:.0f} s after training)"
+    )
+    retention = apply_retention(stack.directory, config)
+    print(
+        f"    retention ({RETENTION.name}): {retention['soft_deleted']} replicas soft-deleted "
+        f"(purged after the grace period); {retention['message']}"
+    )
+    drill = run_drill(stack.directory, config, run)
+    print(f"    {drill['verdict']}")
+
+    print("5/5 summary", flush=True)
+    print_summary(config, run, final, stack, drill)
+    print(f"demo finished in {time.monotonic() - began:.0f} s")
+    return identical and promoted and bool(drill["passed"])
+
+
+def train_argv(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        str(EXAMPLE),
+        "--steps",
+        str(args.steps),
+        "--save-every",
+        str(SAVE_EVERY),
+        "--hidden",
+        str(HIDDEN),
+        "--trace-phases",
+        *extra,
+    ]
+
+
+def supervised_run_with_failures(argv: list[str], log: Path) -> list[tuple[str, int]] | None:
+    """Kill the training in a background save, then between saves; restart it each time."""
+    events: list[tuple[str, int]] = []
+    proc = SupervisedProcess(argv, log_path=log)
     proc.wait_for(lambda line: line.startswith("START"), 120)
     for _ in range(3):
         proc.wait_for(lambda line: line == "PHASE writing", 120)
     proc.kill()
-    events.append(("killed during a background save", last_step(proc.seen)))
+    events.append(("node lost during a background save at step", last_step(proc.seen)))
 
-    proc = SupervisedProcess(cmd(root, result), log_path=log)
+    proc = SupervisedProcess(argv, log_path=log)
     start = proc.wait_for(lambda line: line.startswith("START"), 120)
     events.append(("restarted, resumed from step", int(start.split()[1]) if start else -1))
     proc.wait_for(lambda line: line == "PHASE done", 120)
     proc.wait_for(lambda line: line.startswith("STEP"), 120)
     proc.wait_for(lambda line: line.startswith("STEP"), 120)
     proc.kill()
-    events.append(("killed between saves at step", last_step(proc.seen)))
+    events.append(("node lost between saves at step", last_step(proc.seen)))
 
-    proc = SupervisedProcess(cmd(root, result), log_path=log)
+    proc = SupervisedProcess(argv, log_path=log)
     start = proc.wait_for(lambda line: line.startswith("START"), 120)
     events.append(("restarted, resumed from step", int(start.split()[1]) if start else -1))
-    if proc.wait() != 0:
-        print(f"resumed run failed; see {log}")
-        return 1
-
-    print("3/3 compare", flush=True)
-    reference = json.loads((work / "reference.json").read_text())
-    final = json.loads(result.read_text())
-    for what, step in events:
-        print(f"  {what}: {step}")
-    committed = [e for e in layout.scan(root) if e.kind == "committed"]
-    verified = sum(verify_checkpoint(e.path).ok for e in committed)
-    stalls = [s["stall_s"] for s in final["saves"] if s["outcome"] == "committed"]
-    writes = [s for s in final["saves"] if s["outcome"] == "committed" and s["write_s"] > 0]
-    print(f"  checkpoints on the hot tier: {len(committed)} committed, {verified} verified")
-    if stalls:
-        print(f"  save stall (loop blocked): median {statistics.median(stalls) * 1e3:.1f} ms")
-    if writes:
-        mb = statistics.median(s["bytes"] for s in writes) / 1e6
-        ms = statistics.median(s["write_s"] for s in writes) * 1e3
-        print(f"  background write: median {ms:.0f} ms for {mb:.1f} MB (checksummed, fsynced; off the loop)")
-    ref_loss, got_loss = (
-        float.fromhex(reference["loss_history"][-1]),
-        float.fromhex(final["loss_history"][-1]),
-    )
-    print(f"  final loss: reference {ref_loss!r}  resumed {got_loss!r}")
-    identical = (
-        final["loss_history"] == reference["loss_history"]
-        and final["param_digest"] == reference["param_digest"]
-    )
-    print(f"  loss history and parameters bit-identical to the reference: {'YES' if identical else 'NO'}")
-    print(f"demo finished in {time.monotonic() - began:.0f} s; files under {work}")
-    if not args.keep_up:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0 if identical else 1
+    return events if proc.wait() == 0 else None
 
 
 def last_step(lines: list[str]) -> int:
     steps = [int(line.split()[1]) for line in lines if line.startswith("STEP ")]
     return steps[-1] if steps else 0
+
+
+def _catalog(config: Path) -> Any:
+    from ckptflow.catalog import Catalog
+
+    return Catalog.open(yaml.safe_load(config.read_text())["catalog"])
+
+
+def replica_states(config: Path, run: str) -> dict[int, dict[str, str]]:
+    catalog = _catalog(config)
+    try:
+        return {
+            cp.step: {r.tier: r.state.value for r in catalog.replicas(cp.id)}
+            for cp in catalog.checkpoints(run)
+            if cp.state.value in ("committed", "verified")
+        }
+    finally:
+        catalog.dispose()
+
+
+def wait_promoted(config: Path, run: str, steps: list[int], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = replica_states(config, run)
+        if all(states.get(s, {}).get(t) == "ready" for s in steps for t in ("warm", "cold")):
+            return True
+        time.sleep(1)
+    return False
+
+
+def apply_retention(stack_dir: Path, config: Path) -> dict[str, Any]:
+    """The demo policy, applied through the same flow the daily deployment runs."""
+    from ckptflow.flows.retention import apply_retention as retention_flow
+
+    policy = stack_dir / "retention.yaml"  # where the apply-retention-daily deployment looks
+    shutil.copyfile(RETENTION, policy)
+    return retention_flow(str(config), str(policy), apply=True)
+
+
+def run_drill(stack_dir: Path, config: Path, run: str) -> dict[str, Any]:
+    """Restore the newest cold copy into a 2-rank scratch job (training ran on 1) and compare."""
+    from ckptflow.flows.drill import DrillFailed, recovery_drill
+
+    spec = {
+        "name": "demo-drill",
+        "run": run,
+        "checkpoint": "latest",
+        "tier": "cold",
+        "world_size": 2,
+        "eval": "train_tiny:drill_eval",
+        "eval_kwargs": {"hidden": HIDDEN},
+        "python_path": [str(HERE)],
+        "tolerance": 1.0e-6,
+        "rto": "5m",
+        "job_timeout": "10m",
+        "config": str(config),
+        "scratch_dir": str(stack_dir / "drill-scratch"),
+    }
+    path = stack_dir / "drill.yaml"  # where the recovery-drill-daily deployment looks
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    try:
+        return recovery_drill(str(path))
+    except DrillFailed as exc:
+        return exc.summary
+
+
+def print_summary(config: Path, run: str, final: dict[str, Any], stack: Any, drill: dict[str, Any]) -> None:
+    from ckptflow.policy.config import load_config
+    from ckptflow.storage.from_config import build_tiers
+    from ckptflow.tasks.cost_ops import cost_now
+
+    tiers = build_tiers(load_config(config))
+    states = replica_states(config, run)
+    for name in ("hot", "warm", "cold"):
+        ready = sorted(s for s, t in states.items() if t.get(name) == "ready")
+        verified = sum(tiers[name].verify(run, s).ok for s in ready)
+        shown = f"steps {ready[0]}..{ready[-1]}" if len(ready) > 2 else f"steps {ready}"
+        print(f"    {name:>4}: {len(ready):>2} checkpoints ({shown}), {verified} verified again just now")
+    saves = [s for s in final["saves"] if s["outcome"] == "committed"]
+    if saves:
+        stall_ms = statistics.median(s["stall_s"] for s in saves) * 1e3
+        mb = statistics.median(s["bytes"] for s in saves) / 1e6
+        write_s = statistics.median(s["write_s"] for s in saves if s["write_s"] > 0)
+        print(
+            f"    save stall (training loop blocked): median {stall_ms:.1f} ms; background write "
+            f"{mb:.1f} MB in {write_s * 1e3:.0f} ms ({mb / write_s:.0f} MB/s, checksummed and fsynced)"
+        )
+    costs = cost_now(str(config))
+    total = sum(row["usd_month"] for row in costs)
+    parts = ", ".join(f"{row['tier']} ${row['usd_month']:.6f}" for row in costs)
+    print(f"    storage: ${total:.6f}/month for everything in the catalog ({parts})")
+    rto = drill.get("rto_s")
+    sizes = f"{drill.get('saved_world_size')} -> {drill.get('world_size')}"
+    print(
+        f"    drill: {drill['verdict']} (step {drill.get('step')} from {drill.get('tier')}, world size "
+        f"{sizes}, loss delta {drill.get('loss_delta')}, time to recover {rto} s of "
+        f"{drill.get('rto_objective_s')} s)"
+    )
+    print(f"    Prefect UI: {stack.prefect.ui_url}  (deployments, flow runs, artifacts, events)")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -125,6 +126,16 @@ def drill_eval(restore: Callable[[dict[str, Any]], int], hidden: int = 256, seed
     return eval_loss(model)
 
 
+_STDOUT_LOCK = threading.Lock()
+
+
+def say(line: str) -> None:
+    """One whole line to stdout: the save thread's PHASE lines never split a STEP line in two."""
+    with _STDOUT_LOCK:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
 def param_digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
@@ -172,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def trace(phase: str) -> None:
         if args.trace_phases:
-            print(f"PHASE {phase}", flush=True)
+            say(f"PHASE {phase}")
 
     options = {
         "cadence": Cadence.every_steps(args.save_every),
@@ -193,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         ap.error("give --root DIR or --config ckptflow.yaml")
     start = ckpt.restore(state)
-    print(f"START {start}", flush=True)
+    say(f"START {start}")
     batches = iter(())
     for step in range(start, args.steps):
         idx = [next(batches, None) for _ in range(args.batch)]
@@ -212,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             dist.all_reduce(global_loss)
             global_loss /= world
         history.values.append(global_loss.item())
-        print(f"STEP {step + 1}", flush=True)
+        say(f"STEP {step + 1}")
         # eval_loss: the reference a recovery drill compares with after restoring this checkpoint
         # (a function, so the evaluation runs only on steps that save).
         ckpt.maybe_save(
@@ -242,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.result and rank == 0:
         args.result.write_text(json.dumps(result))
-    print(f"DONE {result['param_digest']} loss={history.values[-1]:.6f}", flush=True)
+    say(f"DONE {result['param_digest']} loss={history.values[-1]:.6f}")
     return 0
 
 
