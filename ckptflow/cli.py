@@ -19,7 +19,9 @@ from rich.table import Table
 from ckptflow.cli_drill import register as register_drill_commands
 from ckptflow.cli_pipeline import register as register_pipeline_commands
 from ckptflow.cli_plan import plan_command
+from ckptflow.cli_restore import register as register_restore_commands
 from ckptflow.cli_retention import register as register_retention_commands
+from ckptflow.cli_status import register as register_status_commands
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import ManifestError, UnsupportedManifestError, read_manifest
 
@@ -124,14 +126,18 @@ def ls(root: Path = typer.Argument(..., help="Checkpoint root directory (the hot
 def verify(
     path: Path = typer.Argument(..., help="A checkpoint directory (step-N/) holding manifest.json."),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Threads reading files."),
+    progress: bool = typer.Option(
+        True, "--progress/--no-progress", help="A progress bar (drawn only when stdout is a terminal)."
+    ),
 ) -> None:
     """Verify every file of a checkpoint against its manifest (size and CRC64NVME)."""
+    from ckptflow.cli_progress import verify_with_bar
     from ckptflow.storage.verify import verify_checkpoint
 
     if not path.is_dir():
         _fail(f"{path} does not exist or is not a directory; pass a checkpoint directory (step-N/)")
     try:
-        report = verify_checkpoint(path, workers=workers)
+        report = verify_with_bar(path, workers) if progress else verify_checkpoint(path, workers=workers)
     except UnsupportedManifestError as exc:
         _fail(str(exc))
     if report.ok:
@@ -198,6 +204,8 @@ def catalog_sync(
 register_pipeline_commands(app)
 register_retention_commands(app)
 register_drill_commands(app)
+register_status_commands(app)
+register_restore_commands(app)
 app.command("plan")(plan_command)
 
 
