@@ -18,6 +18,14 @@ if [ "${CKPTFLOW_SKIP_POSTGRES:-0}" != "1" ]; then
   fi
 fi
 
+# Headless Chromium for the Prefect UI check (tests/integration/test_ui_browser.py).
+if CKPTFLOW_CHROMIUM="$(bash scripts/chromium.sh)"; then
+  export CKPTFLOW_CHROMIUM
+else
+  unset CKPTFLOW_CHROMIUM
+  echo "run_tests: Chromium is not available; the browser check will be skipped" >&2
+fi
+
 # Flow-run logs are not shipped to the test servers: a test stops its server while the log worker
 # may still hold lines, which then end up as retry noise after pytest's summary.
 export PREFECT_LOGGING_TO_API_ENABLED=false

@@ -97,7 +97,8 @@ class PrefectServer:
             [str(prefect_bin), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **server_env(home)},
+            # The UI asks /ui-settings where its API is; unset, Prefect answers port 4200.
+            env={**os.environ, **server_env(home), "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"},
             start_new_session=True,  # its own process group: stop() takes its children too
         )
         server = cls(directory, proc.pid, port)
