@@ -59,6 +59,14 @@ def tiny() -> Any:
         sys.path.remove(str(EXAMPLES))
 
 
+@pytest.fixture(scope="module")
+def w1(stack: local_stack.Stack, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 1-rank run with steps 10 and 20 on cold, shared by the tests below (the last one plants
+    catalog damage in it, so it stays last)."""
+    _train(stack, "w1", tmp_path_factory.mktemp("w1"), world=1)
+    return "w1"
+
+
 def _catalog(stack: local_stack.Stack) -> Catalog:
     return Catalog.open(yaml.safe_load(stack.config_path.read_text())["catalog"])
 
@@ -199,9 +207,8 @@ def test_drill_from_cold_passes_at_world_size_2_to_1(stack, tmp_path):
     assert artifacts and "PASSED" in artifacts[0]["data"] and "| loss after restore |" in artifacts[0]["data"]
 
 
-def test_drill_passes_at_world_size_1_to_2_through_the_cli(stack, tmp_path):
-    _train(stack, "w1", tmp_path, world=1)
-    spec = _spec(stack, tmp_path, "w1-to-2", "w1", world_size=2, checkpoint=10)
+def test_drill_passes_at_world_size_1_to_2_through_the_cli(stack, tmp_path, w1):
+    spec = _spec(stack, tmp_path, "w1-to-2", w1, world_size=2)
     cli = [sys.executable, "-m", "ckptflow.cli"]
     proc = subprocess.run(
         [*cli, "drill", "run", "--spec", str(spec)], capture_output=True, text=True, timeout=600
@@ -221,20 +228,19 @@ def test_drill_passes_at_world_size_1_to_2_through_the_cli(stack, tmp_path):
     assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_corrupted_cold_replica_fails_the_drill_on_its_checksum(stack, tmp_path):
-    _train(stack, "rot", tmp_path, world=1)
+def test_corrupted_cold_replica_fails_the_drill_on_its_checksum(stack, tmp_path, w1):
     client = stack.seaweed.client()
     key = next(
         o["Key"]
-        for o in client.list_objects_v2(Bucket=local_stack.BUCKET, Prefix="runs/rot/step-20/")["Contents"]
+        for o in client.list_objects_v2(Bucket=local_stack.BUCKET, Prefix=f"runs/{w1}/step-10/")["Contents"]
         if o["Key"].endswith(".distcp")
     )
     data = bytearray(client.get_object(Bucket=local_stack.BUCKET, Key=key)["Body"].read())
     data[len(data) // 2] ^= 0x10  # one real bit flipped in the stored object
     client.put_object(Bucket=local_stack.BUCKET, Key=key, Body=bytes(data))
-    summary = _drill(_spec(stack, tmp_path, "rot", "rot"))
+    summary = _drill(_spec(stack, tmp_path, "rot", w1, checkpoint=10))
     assert not summary["passed"] and summary["reason"].startswith("checksum:"), summary
-    assert key.rsplit("/", 1)[-1] in summary["reason"]
+    assert key.rsplit("/", 1)[-1] in summary["reason"] and summary["step"] == 10
     _wait_event(stack.prefect.api_url, "ckptflow.drill.failed", "ckptflow.drill.rot.")
 
 
@@ -252,36 +258,10 @@ def test_weights_perturbed_after_save_fail_on_the_loss_delta(stack, tmp_path, ti
     assert summary["loss_delta"] > 1e-6 and summary["drill_loss"] is not None
 
 
-def test_missing_eval_entry_point_is_named(stack, tmp_path):
-    _train(stack, "noeval", tmp_path, world=1, steps=10)
-    summary = _drill(_spec(stack, tmp_path, "noeval", "noeval", eval="train_tiny:no_such_eval"))
+def test_missing_eval_entry_point_is_named(stack, tmp_path, w1):
+    summary = _drill(_spec(stack, tmp_path, "noeval", w1, eval="train_tiny:no_such_eval"))
     assert not summary["passed"] and summary["reason"].startswith("entry_point:"), summary
     assert "'train_tiny:no_such_eval'" in summary["reason"] and "no_such_eval" in summary["reason"]
-
-
-def test_quality_gates_catch_a_missing_file_row_and_a_nan_reference_loss(stack, tmp_path):
-    _train(stack, "gated", tmp_path, world=1)
-    spec = _spec(stack, tmp_path, "gated", "gated")
-    assert _drill(spec)["passed"]
-    catalog = _catalog(stack)
-    try:
-        step10 = next(cp for cp in catalog.checkpoints("gated") if cp.step == 10)
-        step20 = next(cp for cp in catalog.checkpoints("gated") if cp.step == 20)
-        lost = catalog.files(step20.id)[0]
-        with catalog.write_session() as session:  # planted: a file row lost, a NaN reference loss
-            session.execute(text("DELETE FROM ckptflow_checkpoint_file WHERE id = :id"), {"id": lost.id})
-            session.execute(
-                text("UPDATE ckptflow_checkpoint SET metrics = :m WHERE id = :id"),
-                {"m": json.dumps({"eval_loss": float("nan")}), "id": step10.id},
-            )
-    finally:
-        catalog.dispose()
-    summary = _drill(spec)
-    assert not summary["passed"] and summary["reason"].startswith("quality_gate:"), summary
-    failed = "\n".join(summary["failed_expectations"])
-    assert "gated step 20" in failed and "gated step 10" in failed, failed
-    # The drill itself restored fine: only the gates failed it.
-    assert summary["loss_delta"] is not None and summary["loss_delta"] <= 1e-6
 
 
 def test_cron_deployment_is_registered_with_its_schedule(stack):
@@ -295,3 +275,27 @@ def test_cron_deployment_is_registered_with_its_schedule(stack):
     crons = [s.schedule.cron for s in deployment.schedules if hasattr(s.schedule, "cron")]
     assert crons == ["23 5 * * *"] and all(s.active for s in deployment.schedules)
     assert deployment.parameters["spec_path"].endswith("drill.yaml")
+
+
+def test_quality_gates_catch_a_missing_file_row_and_a_nan_reference_loss(stack, tmp_path, w1):
+    """Last in this module: it damages w1's catalog rows."""
+    spec = _spec(stack, tmp_path, "gated", w1)
+    catalog = _catalog(stack)
+    try:
+        step10 = next(cp for cp in catalog.checkpoints(w1) if cp.step == 10)
+        step20 = next(cp for cp in catalog.checkpoints(w1) if cp.step == 20)
+        lost = catalog.files(step20.id)[0]
+        with catalog.write_session() as session:  # planted: a file row lost, a NaN reference loss
+            session.execute(text("DELETE FROM ckptflow_checkpoint_file WHERE id = :id"), {"id": lost.id})
+            session.execute(
+                text("UPDATE ckptflow_checkpoint SET metrics = :m WHERE id = :id"),
+                {"m": json.dumps({"eval_loss": float("nan")}), "id": step10.id},
+            )
+    finally:
+        catalog.dispose()
+    summary = _drill(spec)
+    assert not summary["passed"] and summary["reason"].startswith("quality_gate:"), summary
+    failed = "\n".join(summary["failed_expectations"])
+    assert "w1 step 20" in failed and "w1 step 10" in failed, failed
+    # The drill itself restored fine: only the gates failed it.
+    assert summary["loss_delta"] is not None and summary["loss_delta"] <= 1e-6
