@@ -9,8 +9,10 @@ under ``--dir`` (removed at the end, servers stopped by pid, even on failure):
 
 1. hot -> warm: ``PosixTier.put`` (parallel threads, CRC in the copy pass, every file made
    durable before the manifest is written last, atomic rename) against ``shutil.copyfile`` of
-   every file, single thread, no fsync. Both read the source from the page cache (nothing is
-   dropped from it); dirty pages are flushed (``os.sync``) between attempts, outside the timings,
+   every file, single thread, no fsync (the target's baseline). For context, the same copy made
+   durable (``syncfs``, as PosixTier.put does) is timed too and printed as
+   ``warm_vs_durable_copy``. Both read the source from the page cache (nothing is dropped from it);
+   dirty pages are flushed (``os.sync``) between attempts, outside the timings,
    so no attempt pays for another's writeback. Alternated A B / B A, median of ``--repeats``.
 2. hot -> S3 (a real SeaweedFS, auth on): ``S3Tier.put`` (parallel, each file's manifest CRC64NVME
    sent as a full-object checksum the server verifies, then proven by HeadObject, manifest last)
@@ -55,7 +57,7 @@ import yaml
 from ckptflow.services.prefect_server import PrefectServer, free_port, server_env
 from ckptflow.services.seaweed import CREDENTIALS_NAME, SeaweedServer
 from ckptflow.storage import checksums
-from ckptflow.storage.atomic import write_file_atomic
+from ckptflow.storage.atomic import syncfs, write_file_atomic
 from ckptflow.storage.from_config import build_tiers
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest
 from ckptflow.storage.posix_tier import PosixTier
@@ -126,6 +128,7 @@ class AB:
     base_s: list[float] = field(default_factory=list)
     ours_s: list[float] = field(default_factory=list)
     pool_full: Counter[str] = field(default_factory=Counter)
+    durable_s: list[float] = field(default_factory=list)  # hot -> warm only: copyfile + syncfs
 
     @property
     def ratio(self) -> float:
@@ -221,7 +224,30 @@ def bench_warm(src: Path, manifest: Manifest, scratch: Path, repeats: int, clock
         settle(target)
         return seconds
 
-    return run_ab(ab, repeats, copy, ours, clock)
+    def durable_copy(r: int) -> float:
+        """The same copy with the durability PosixTier.put guarantees (no CRC, no atomic publish)."""
+        target = scratch / f"durable-{r}"
+
+        def go() -> None:
+            target.mkdir()
+            for entry in manifest.files:
+                shutil.copyfile(src / entry.path, target / entry.path)
+            syncfs(target)  # what PosixTier.put does per batch: every file on disk in one call
+            fd = os.open(target, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        seconds, _ = timed(go)
+        settle(target)
+        return seconds
+
+    ab = run_ab(ab, repeats, copy, ours, clock)
+    ab.durable_s = [durable_copy(r) for r in range(repeats)]
+    for seconds in ab.durable_s:
+        clock.say(f"  copyfile + syncfs (durable baseline): {seconds:.3f} s")
+    return ab
 
 
 # ----------------------------------------------------------------------------- 2. hot -> S3
@@ -459,12 +485,15 @@ def verdict(name: str, value: float) -> str:
 
 def print_report(
     warm: AB, s3: AB, flows: list[FlowAttempt], args: argparse.Namespace, flow_bytes: int
-) -> tuple[float, float, float, int]:
+) -> tuple[float, float, float, int, float]:
     print()
     print(f"{'hop / method':<46} {'median s':>8} {'MiB/s':>9}   [every attempt, s]")
     print(f"hot -> warm: {args.files} files, {warm.nbytes / MiB:.0f} MiB, median of {args.repeats}")
     print("\n".join(warm.rows()))
-    print("  (both read the source from the page cache; copyfile does not fsync, PosixTier.put makes")
+    durable = statistics.median(warm.durable_s)
+    label = "shutil.copyfile per file + syncfs (durable)"
+    print(f"  {label:<44} {durable:>8.3f} {warm.nbytes / durable / MiB:>9.1f}")
+    print("  (all read the source from the page cache; plain copyfile does not fsync, PosixTier.put makes")
     print("   every file durable, writes the manifest last and renames the directory into place)")
     print(
         f"hot -> S3 (SeaweedFS): {args.s3_files} files, {s3.nbytes / MiB:.0f} MiB, median of {args.repeats}"
@@ -510,13 +539,15 @@ def print_report(
     if any(sum(a.tasks.values()) != n_tasks for a in flows):
         print(f"  (task runs per attempt: {[sum(a.tasks.values()) for a in flows]})")
     print()
+    vs_durable = durable / statistics.median(warm.ours_s)
+    print(f"{'warm_vs_durable_copy':<14} {vs_durable:>7.3f}  (no target: context for warm_vs_copy)")
     for name, value in (
         ("warm_vs_copy", warm.ratio),
         ("cold_vs_boto3", s3.ratio),
         ("overhead_frac", overhead),
     ):
         print(f"{name:<14} {value:>7.3f}  {verdict(name, value)}")
-    return warm.ratio, s3.ratio, overhead, n_tasks
+    return warm.ratio, s3.ratio, overhead, n_tasks, vs_durable
 
 
 # ------------------------------------------------------------------------------------ main
@@ -641,10 +672,12 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             args.dir.rmdir()  # only if nothing else lives there
 
-    warm_ratio, s3_ratio, overhead, n_tasks = print_report(warm, s3, flows, args, manifest.total_bytes)
+    warm_ratio, s3_ratio, overhead, n_tasks, vs_durable = print_report(
+        warm, s3, flows, args, manifest.total_bytes
+    )
     print(
         f"warm_vs_copy={sig3(warm_ratio)} cold_vs_boto3={sig3(s3_ratio)} "
-        f"overhead_frac={sig3(overhead)} task_runs={n_tasks}"
+        f"overhead_frac={sig3(overhead)} task_runs={n_tasks} warm_vs_durable_copy={sig3(vs_durable)}"
     )
     return 0
 

@@ -197,6 +197,9 @@ def test_drill_from_cold_passes_at_world_size_2_to_1(stack, tmp_path):
         cp = catalog.latest("w2")
         with catalog.read_session() as session:  # the drill's pin was released when it finished
             assert session.exec(select(CheckpointPin).where(CheckpointPin.checkpoint_id == cp.id)).all() == []
+        # ... and it was held while the drill ran (retention never deletes a pinned replica).
+        pinned = [e for e in catalog.events("w2", limit=500) if e.kind == "checkpoint.pinned"]
+        assert [(e.step, e.detail["holder"]) for e in pinned] == [(20, f"drill:{row.id}")]
     finally:
         catalog.dispose()
     event = _wait_event(stack.prefect.api_url, "ckptflow.drill.passed", "ckptflow.drill.w2-to-1.")
