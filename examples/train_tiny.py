@@ -108,7 +108,9 @@ def build_state(hidden: int, seed: int, dataset_size: int) -> tuple[torch.nn.Mod
     state = {
         "app": ModelState(model, optimizer),
         "scheduler": SchedulerState(scheduler),
-        "sampler": ResumableSampler(dataset_size, seed=seed),
+        # One global order on every rank (each trains on its slice of each global batch): the
+        # sampler's position is the same everywhere, so it resumes at any world size.
+        "sampler": ResumableSampler(dataset_size, seed=seed, num_replicas=1, rank=0),
         "rng": RNGState(),
         "history": LossHistory(),
     }

@@ -211,8 +211,12 @@ class Catalog:
                     **{"from": from_state, "to": cp.state},
                 )
 
-    def record_verified(self, run: str, step: int) -> None:
-        """Record that the step's committed checkpoint passed verification against its manifest."""
+    def record_verified(self, run: str, step: int, hot_uri: str | None = None) -> None:
+        """Record that the step's committed checkpoint passed verification against its manifest.
+
+        ``hot_uri``: the verified copy is (now) on the hot tier there, e.g. fetched from warm by a
+        restore after the old hot copy was quarantined: the hot replica becomes READY at that uri.
+        """
         now = utcnow()
         with self.write_session() as session:
             cp = lock_step(session, run, step)
@@ -228,34 +232,64 @@ class Catalog:
                     save_id=cp.save_id,
                     **{"from": from_state, "to": cp.state},
                 )
+            if hot_uri is None:
+                return
+            hot = lock_replica(session, cp.id, "hot")  # type: ignore[arg-type]
+            if hot is None or (hot.state != ReplicaState.READY and is_legal(hot, ReplicaState.READY)):
+                set_replica(session, cp, "hot", ReplicaState.READY, now=now, uri=hot_uri, bytes=cp.bytes)
+            elif hot.state == ReplicaState.READY and hot.uri != hot_uri:
+                hot.uri, hot.updated_at = hot_uri, now
 
     def record_corrupt(self, run: str, step: int, reason: str, quarantine_uri: str | None) -> None:
-        """Mark the step's checkpoint corrupt, and its hot replica corrupt at ``quarantine_uri``."""
+        """The step's hot copy failed verification and was moved to ``quarantine_uri``.
+
+        The hot replica becomes CORRUPT. The checkpoint itself becomes CORRUPT (never restorable)
+        only when no other tier holds a READY copy: an intact warm or cold copy still restores it,
+        and restore fetches exactly that.
+        """
         now = utcnow()
         with self.write_session() as session:
             cp = lock_step(session, run, step)
-            from_state = cp.state
-            if not transition_checkpoint(cp, CheckpointState.CORRUPT, now=now, reason=reason):
-                return
-            log_event(
-                session,
-                "checkpoint.corrupt",
-                run,
-                step,
-                now,
-                checkpoint_id=cp.id,
-                save_id=cp.save_id,
-                reason=reason,
-                quarantine_uri=quarantine_uri,
-                **{"from": from_state, "to": cp.state},
-            )
             hot = lock_replica(session, cp.id, "hot")  # type: ignore[arg-type]
             # A hot copy already deleted by retention stays deleted; there is nothing there to mark.
             if (hot is None and quarantine_uri is not None) or (
-                hot is not None and is_legal(hot, ReplicaState.CORRUPT)
+                hot is not None and hot.state != ReplicaState.CORRUPT and is_legal(hot, ReplicaState.CORRUPT)
             ):
                 set_replica(
                     session, cp, "hot", ReplicaState.CORRUPT, now=now, uri=quarantine_uri, reason=reason
+                )
+            intact = [
+                r.tier
+                for r in session.exec(select(Replica).where(Replica.checkpoint_id == cp.id))
+                if r.tier != "hot" and r.state == ReplicaState.READY
+            ]
+            if intact:
+                log_event(
+                    session,
+                    "replica.corrupt",
+                    run,
+                    step,
+                    now,
+                    checkpoint_id=cp.id,
+                    tier="hot",
+                    reason=reason,
+                    quarantine_uri=quarantine_uri,
+                    intact_on=intact,
+                )
+                return
+            from_state = cp.state
+            if transition_checkpoint(cp, CheckpointState.CORRUPT, now=now, reason=reason):
+                log_event(
+                    session,
+                    "checkpoint.corrupt",
+                    run,
+                    step,
+                    now,
+                    checkpoint_id=cp.id,
+                    save_id=cp.save_id,
+                    reason=reason,
+                    quarantine_uri=quarantine_uri,
+                    **{"from": from_state, "to": cp.state},
                 )
 
     def set_replica_state(

@@ -217,8 +217,14 @@ def _sync_quarantined(
     cp, created = get_or_create_checkpoint(
         session, manifest.run, manifest.step, manifest.save_id, world_size=manifest.world_size, now=now
     )
+    if not created and _restored_elsewhere(session, cp, path, manifest):
+        return  # the hot tier holds this checkpoint again (fetched from warm/cold): that copy counts
+    intact = not created and any(
+        r.tier != "hot" and r.state == ReplicaState.READY
+        for r in session.exec(select(Replica).where(Replica.checkpoint_id == cp.id))
+    )
     became_corrupt = False
-    if cp.state != CheckpointState.CORRUPT:
+    if cp.state != CheckpointState.CORRUPT and not intact:  # an intact warm/cold copy still restores it
         reason = _quarantine_reason(path)
         from_state = None if created else cp.state
         if cp.state not in LIVE_STATES:
@@ -247,7 +253,8 @@ def _sync_quarantined(
     hot_changed = False
     hot = lock_replica(session, cp.id, "hot")  # type: ignore[arg-type]
     if hot is None or (hot.state != ReplicaState.CORRUPT and is_legal(hot, ReplicaState.CORRUPT)):
-        set_replica(session, cp, "hot", ReplicaState.CORRUPT, now=now, uri=uri, reason=cp.reason)
+        reason = cp.reason or _quarantine_reason(path)
+        set_replica(session, cp, "hot", ReplicaState.CORRUPT, now=now, uri=uri, reason=reason)
         hot_changed = True
     elif hot.state == ReplicaState.CORRUPT and hot.uri != uri:
         hot.uri, hot.updated_at = uri, now  # record_corrupt was given no quarantine uri
@@ -256,6 +263,15 @@ def _sync_quarantined(
         report.created += 1
     elif hot_changed and not became_corrupt:
         report.updated += 1
+
+
+def _restored_elsewhere(session: Session, cp: Checkpoint, path: Path, manifest: Manifest) -> bool:
+    """Whether the root that quarantined ``path`` holds the same checkpoint committed again."""
+    again = path.parent.parent / layout.committed_name(manifest.step)
+    try:
+        return read_manifest(again).save_id == manifest.save_id
+    except (OSError, ManifestError):
+        return False
 
 
 def _local_path(uri: str) -> Path | None:

@@ -207,7 +207,8 @@ class Checkpointer:
             load_checkpoint(state, directory)
             report.load_s = time.perf_counter() - t0
             if self._catalog is not None:
-                self._catalog.call("record_verified", self.run, step)
+                hot_uri = str(directory) if report.source != "hot" else None  # fetched: a new hot copy
+                self._catalog.call("record_verified", self.run, step, hot_uri)
         self.stats.restore = report
         self.cadence.record_save(step)
         log.info("%s", report.describe())

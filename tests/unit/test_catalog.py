@@ -204,7 +204,21 @@ def test_record_corrupt_marks_the_hot_replica(catalog):
     (hot,) = catalog.replicas(cid)
     assert (hot.state, hot.uri) == (R.CORRUPT, "/q/step-3.x")
     assert catalog.latest("r") is None
-    assert _kinds(catalog)[-2:] == ["checkpoint.corrupt", "replica.corrupt"]
+    assert _kinds(catalog)[-2:] == ["replica.corrupt", "checkpoint.corrupt"]
+
+
+def test_a_corrupt_hot_copy_leaves_a_checkpoint_with_an_intact_warm_copy_restorable(catalog):
+    cid = _commit(catalog, 4)
+    catalog.set_replica_state(cid, "warm", R.READY, uri="/warm/r/step-4")
+    catalog.record_corrupt("r", 4, "__0_0.distcp: checksum", "/hot/r/quarantine/step-4.x")
+    cp = catalog.checkpoints("r")[0]
+    assert cp.state == C.COMMITTED and catalog.latest("r").step == 4
+    hot, warm = catalog.replicas(cid)
+    assert (hot.state, hot.uri, warm.state) == (R.CORRUPT, "/hot/r/quarantine/step-4.x", R.READY)
+    # Restore fetched the warm copy into the hot root and loaded it: hot is READY again, there.
+    catalog.record_verified("r", 4, hot_uri="/hot/r/step-4")
+    hot, _ = catalog.replicas(cid)
+    assert (catalog.checkpoints("r")[0].state, hot.state, hot.uri) == (C.VERIFIED, R.READY, "/hot/r/step-4")
 
 
 def test_set_replica_state(catalog):
