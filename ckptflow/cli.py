@@ -169,15 +169,28 @@ def cadence(
 @catalog_app.command("sync")
 def catalog_sync(
     root: Path = typer.Argument(..., help="Checkpoint root whose manifests are the truth."),
-    catalog_url: str = typer.Option(..., "--catalog", help="Catalog URL or SQLite file path."),
+    catalog_url: str | None = typer.Option(None, "--catalog", help="Catalog URL or SQLite file path."),
+    config: Path | None = typer.Option(
+        None, "--config", help="ckptflow.yaml (its catalog), instead of --catalog"
+    ),
     run: str | None = typer.Option(None, "--run", help="Only this run's checkpoints."),
 ) -> None:
-    """Rebuild or repair catalog rows from the manifests under ROOT."""
+    """Rebuild or repair catalog rows from the manifests under ROOT (a run's hot root)."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from ckptflow.catalog import Catalog
     from ckptflow.catalog.sync import sync_from_root
+    from ckptflow.policy.config import load_config
+    from ckptflow.policy.yaml_source import ConfigError
 
+    if (catalog_url is None) == (config is None):
+        _fail("give exactly one of --catalog URL or --config ckptflow.yaml")
+    if config is not None:
+        try:
+            catalog_url = load_config(config).catalog
+        except ConfigError as exc:
+            _fail(str(exc))
+    assert catalog_url is not None
     if not root.is_dir():
         _fail(f"checkpoint root {root} does not exist or is not a directory")
     catalog = None

@@ -99,7 +99,9 @@ def promote_command(
 
 
 def reconcile_command(config: Path = typer.Option(..., "--config", help="ckptflow.yaml")) -> None:
-    """Catch up now: promote what events missed, clean interrupted uploads, mark vanished replicas."""
+    """Catch up now: promote what events missed, clean interrupted uploads, mark vanished replicas.
+
+    Exit 1 if a promotion failed (the others still ran)."""
     prefect_env(config)
     from ckptflow.flows.reconcile import reconcile  # noqa: PLC0415
 
@@ -110,6 +112,10 @@ def reconcile_command(config: Path = typer.Option(..., "--config", help="ckptflo
         )
     if not rows:
         typer.echo("nothing to do")
+    failed = [row for row in rows if row["action"] == "promotion failed"]
+    if failed:
+        typer.echo(f"{len(failed)} promotion(s) failed; they are retried on the next reconcile", err=True)
+        raise typer.Exit(1)
 
 
 def scrub_command(config: Path = typer.Option(..., "--config", help="ckptflow.yaml")) -> None:
