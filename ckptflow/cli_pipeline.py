@@ -90,9 +90,14 @@ def promote_command(
 ) -> None:
     """Promote one checkpoint hot -> warm -> cold now (what the staged event triggers)."""
     prefect_env(config)
+    from ckptflow.cli_progress import TransferBar  # noqa: PLC0415
     from ckptflow.flows.promote import promote  # noqa: PLC0415
+    from ckptflow.tasks.progress import reporting_to  # noqa: PLC0415
 
-    for row in promote(run, step, str(config.resolve())):
+    # One bar for every byte verified or copied on every hop (no total: skipped hops move nothing).
+    with TransferBar(f"promote {run} step {step}", None) as bar, reporting_to(bar):
+        rows = promote(run, step, str(config.resolve()))
+    for row in rows:
         typer.echo(
             f"{row['tier']}: {row['action']} ({row['files']} files, {row['bytes']} bytes) {row['uri']}"
         )
@@ -121,9 +126,12 @@ def reconcile_command(config: Path = typer.Option(..., "--config", help="ckptflo
 def scrub_command(config: Path = typer.Option(..., "--config", help="ckptflow.yaml")) -> None:
     """Re-verify warm and cold replicas now and repair corrupt ones (exit 1 if any stays corrupt)."""
     prefect_env(config)
+    from ckptflow.cli_progress import TransferBar  # noqa: PLC0415
     from ckptflow.flows.scrub import scrub  # noqa: PLC0415
+    from ckptflow.tasks.progress import reporting_to  # noqa: PLC0415
 
-    rows = scrub(str(config.resolve()))
+    with TransferBar("scrub: bytes re-verified", None) as bar, reporting_to(bar):
+        rows = scrub(str(config.resolve()))
     for row in rows:
         typer.echo(f"{row['run']} step {row['step']} {row['tier']}: {row['verdict']} {row['detail']}")
     if any(row["verdict"] == "corrupt" for row in rows):

@@ -198,7 +198,7 @@ class PosixTier:
         copied.seconds += committed.seconds
         return copied
 
-    def verify(self, run: str, step: int) -> TierVerifyReport:
+    def verify(self, run: str, step: int, progress: Progress | None = None) -> TierVerifyReport:
         directory = self.path(run, step)
         try:
             manifest = self.read_manifest(run, step)
@@ -208,7 +208,7 @@ class PosixTier:
             return TierVerifyReport(
                 str(directory), None, [FileProblem(MANIFEST_NAME, "missing", "not committed")]
             )
-        problems = verify_files(directory, manifest.files, self.workers)
+        problems = verify_files(directory, manifest.files, self.workers, progress)
         return TierVerifyReport(str(directory), manifest, problems, manifest.total_bytes)
 
     def fetch(self, run: str, step: int, dest: Path, progress: Progress | None = None) -> TransferResult:

@@ -96,8 +96,9 @@ class Tier(Protocol):
         attempt is resumed."""
         ...
 
-    def verify(self, run: str, step: int) -> TierVerifyReport:
-        """Check the tier's copy against its manifest (POSIX: re-hash; S3: stored checksums)."""
+    def verify(self, run: str, step: int, progress: Progress | None = None) -> TierVerifyReport:
+        """Check the tier's copy against its manifest (POSIX: re-hash; S3: stored checksums).
+        ``progress`` receives the byte counts proven, as they are proven."""
         ...
 
     def fetch(self, run: str, step: int, dest: Path, progress: Progress | None = None) -> TransferResult:

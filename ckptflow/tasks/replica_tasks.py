@@ -14,6 +14,7 @@ from ckptflow.storage.manifest import Manifest
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.tier import Tier
 from ckptflow.storage.verify import verify_files
+from ckptflow.tasks import progress
 from ckptflow.tasks.tiers import load
 
 
@@ -42,7 +43,7 @@ def verify_hot_batch(config_path: str, run: str, step: int, paths: list[str]) ->
     directory, manifest = hot_manifest(config_path, run, step)
     wanted = set(paths)
     entries = [e for e in manifest.files if e.path in wanted]
-    return [str(p) for p in verify_files(directory, entries)]
+    return [str(p) for p in verify_files(directory, entries, progress=progress.sink())]
 
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
@@ -52,7 +53,9 @@ def copy_batch(
     """Copy a batch of files from the hot copy to ``tier`` (checksummed in the same pass)."""
     directory, manifest = hot_manifest(config_path, run, step)
     _, tiers = load(config_path)
-    result = tiers[tier].put_files(directory, manifest, paths, batch=batch)  # type: ignore[attr-defined]
+    result = tiers[tier].put_files(  # type: ignore[attr-defined]
+        directory, manifest, paths, progress=progress.sink(), batch=batch
+    )
     return {
         "files": result.files,
         "bytes": result.bytes,
@@ -79,7 +82,7 @@ def commit_replica(config_path: str, run: str, step: int, tier: str) -> str:
 def verify_replica(config_path: str, run: str, step: int, tier: str) -> dict[str, Any]:
     """Check a tier's copy against its manifest (POSIX: re-hash; S3: stored full-object CRCs)."""
     _, tiers = load(config_path)
-    report = tiers[tier].verify(run, step)
+    report = tiers[tier].verify(run, step, progress.sink())
     return {
         "ok": report.ok,
         "uri": report.uri,
