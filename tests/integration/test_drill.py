@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from replica_waits import wait_ready
 from sqlalchemy import text
 from sqlmodel import select
 
-from ckptflow.catalog import Catalog, CheckpointPin, ReplicaState
+from ckptflow.catalog import Catalog, CheckpointPin
 from ckptflow.services import stack as local_stack
 from ckptflow.services.prefect_server import free_port
 
@@ -71,25 +72,6 @@ def _catalog(stack: local_stack.Stack) -> Catalog:
     return Catalog.open(yaml.safe_load(stack.config_path.read_text())["catalog"])
 
 
-def _wait_cold(stack: local_stack.Stack, run: str, steps: list[int], timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    states: dict = {}
-    while time.monotonic() < deadline:
-        catalog = _catalog(stack)
-        try:
-            states = {
-                cp.step: {r.tier: r.state for r in catalog.replicas(cp.id)}
-                for cp in catalog.checkpoints(run)
-                if cp.state.value in ("committed", "verified")
-            }
-        finally:
-            catalog.dispose()
-        if all(states.get(s, {}).get("cold") == ReplicaState.READY for s in steps):
-            return
-        time.sleep(2)
-    raise AssertionError(f"{run}: not promoted to cold within {timeout_s} s: {states}")
-
-
 def _train(stack: local_stack.Stack, run: str, tmp_path: Path, world: int, steps: int = 20) -> None:
     argv = [str(EXAMPLES / "train_tiny.py"), "--config", str(stack.config_path), "--run-name", run]
     argv += ["--steps", str(steps), "--save-every", "10", "--hidden", str(HIDDEN)]
@@ -108,7 +90,7 @@ def _train(stack: local_stack.Stack, run: str, tmp_path: Path, world: int, steps
     with open(log, "w") as out:
         proc = subprocess.run([sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT, timeout=300)
     assert proc.returncode == 0, log.read_text()[-3000:]
-    _wait_cold(stack, run, list(range(10, steps + 1, 10)))
+    wait_ready(stack.config_path, run, list(range(10, steps + 1, 10)), tiers=("cold",))
 
 
 def _save_in_process(
@@ -129,7 +111,7 @@ def _save_in_process(
     with Checkpointer.from_config(run, stack.config_path, cadence=Cadence.every_steps(10)) as ckpt:
         ckpt.restore(state)
         assert ckpt.save(10, state, metrics={"eval_loss": reference})
-    _wait_cold(stack, run, [10])
+    wait_ready(stack.config_path, run, [10], tiers=("cold",))
 
 
 def _spec(stack: local_stack.Stack, tmp_path: Path, name: str, run: str, **fields: Any) -> Path:

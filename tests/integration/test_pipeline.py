@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from replica_waits import replica_states, wait_ready
 
 from ckptflow.catalog import Catalog, ReplicaState
 from ckptflow.policy.config import load_config
@@ -89,33 +90,10 @@ def _train(config: Path, run: str, steps: int, tmp_path: Path, hidden: int = 128
     return {**json.loads(result.read_text()), "log": log.read_text()}
 
 
-def _replica_states(config: Path, run: str) -> dict[int, dict[str, str]]:
-    catalog = Catalog.open(yaml.safe_load(config.read_text())["catalog"])
-    try:
-        return {
-            cp.step: {r.tier: r.state.value for r in catalog.replicas(cp.id)}
-            for cp in catalog.checkpoints(run)
-            if cp.state.value in ("committed", "verified")
-        }
-    finally:
-        catalog.dispose()
-
-
-def _wait_promoted(config: Path, run: str, steps: list[int], timeout_s: float = 240) -> dict:
-    deadline = time.monotonic() + timeout_s
-    states: dict = {}
-    while time.monotonic() < deadline:
-        states = _replica_states(config, run)
-        if all(states.get(s, {}).get(t) == "ready" for s in steps for t in ("warm", "cold")):
-            return states
-        time.sleep(2)
-    raise AssertionError(f"not promoted within {timeout_s} s: {states}")
-
-
 def test_staged_events_trigger_promotion_to_warm_and_cold(stack, tmp_path):
     config = stack.config_path
     _train(config, "e2e", 20, tmp_path)
-    _wait_promoted(config, "e2e", [10, 20])
+    wait_ready(config, "e2e", [10, 20])
 
     # The promotions ran through the deployment's event trigger, not by a direct call.
     from prefect.client.orchestration import get_client
@@ -155,7 +133,7 @@ def test_staged_events_trigger_promotion_to_warm_and_cold(stack, tmp_path):
 def test_restore_from_warm_then_cold_when_hot_is_gone(stack, tmp_path):
     config = stack.config_path
     original = _train(config, "anytier", 20, tmp_path)
-    _wait_promoted(config, "anytier", [10, 20])
+    wait_ready(config, "anytier", [10, 20])
 
     # A replacement node: an empty hot root. Restore pulls step 20 from warm.
     new_hot = _config(stack, tmp_path, **{"tiers.hot.root": str(tmp_path / "new-hot")})
@@ -177,7 +155,7 @@ def test_prefect_down_during_training_then_reconcile_promotes_everything(stack, 
     started = time.monotonic()
     _train(config, "offline", 30, tmp_path)
     assert time.monotonic() - started < 120, "training waited on the unreachable Prefect server"
-    states = _replica_states(config, "offline")
+    states = replica_states(config, "offline")
     assert sorted(states) == [10, 20, 30]
     assert all("warm" not in s and "cold" not in s for s in states.values())
     catalog = Catalog.open(yaml.safe_load(config.read_text())["catalog"])
@@ -192,7 +170,7 @@ def test_prefect_down_during_training_then_reconcile_promotes_everything(stack, 
     rows = reconcile(str(stack.config_path), max_promotions_per_run=10)
     promoted = sorted(r["step"] for r in rows if r["action"] == "promoted" and r["run"] == "offline")
     assert promoted == [10, 20, 30]
-    _wait_promoted(stack.config_path, "offline", [10, 20, 30], timeout_s=5)
+    wait_ready(stack.config_path, "offline", [10, 20, 30], timeout_s=5)
     catalog = Catalog.open(yaml.safe_load(config.read_text())["catalog"])
     try:
         assert [e for e in catalog.undelivered_events() if e.run == "offline"] == []
@@ -203,7 +181,7 @@ def test_prefect_down_during_training_then_reconcile_promotes_everything(stack, 
 def test_scrub_finds_and_repairs_a_corrupt_warm_replica(stack, tmp_path):
     config = stack.config_path
     _train(config, "scrubbed", 10, tmp_path)
-    _wait_promoted(config, "scrubbed", [10])
+    wait_ready(config, "scrubbed", [10])
     tiers = build_tiers(load_config(config))
     warm_dir = tiers["warm"].path("scrubbed", 10)  # type: ignore[attr-defined]
     victim = warm_dir / "__0_0.distcp"
@@ -221,7 +199,7 @@ def test_scrub_finds_and_repairs_a_corrupt_warm_replica(stack, tmp_path):
     assert [(r["tier"], r["verdict"]) for r in rows if r["verdict"] != "ok"] == [("warm", "repaired")]
     assert tiers["warm"].verify("scrubbed", 10).ok
     assert victim.read_bytes() == good
-    assert _replica_states(config, "scrubbed")[10]["warm"] == "ready"
+    assert replica_states(config, "scrubbed")[10]["warm"] == "ready"
 
 
 def test_s3_killed_mid_multipart_upload_then_retry_and_reconcile(stack, tmp_path):
@@ -252,13 +230,13 @@ def test_s3_killed_mid_multipart_upload_then_retry_and_reconcile(stack, tmp_path
     assert killed.is_set(), "the upload finished before the server could be killed"
     assert time.monotonic() - started < 180, "promote hung on a dead S3 endpoint"
     assert "cold" in str(failure.value) or isinstance(failure.value, TierError)
-    states = _replica_states(config, "s3kill")[10]
+    states = replica_states(config, "s3kill")[10]
     assert states.get("cold") != "ready" and states.get("hot") == "ready"
 
     stack.seaweed = type(stack.seaweed).start(stack.seaweed.data_dir)  # same ports, same data
     rows = promote("s3kill", 10, str(config))
     assert [r["tier"] for r in rows] == ["warm", "cold"]
-    assert _replica_states(config, "s3kill")[10]["cold"] == "ready"
+    assert replica_states(config, "s3kill")[10]["cold"] == "ready"
 
     stale_now = _config(stack, tmp_path, **{"promote.stale_upload_age_s": 0, "prefect.api_url": None})
     from ckptflow.flows.reconcile import reconcile
@@ -285,6 +263,6 @@ def test_warm_tier_out_of_space_fails_clearly_and_keeps_hot(stack, tmp_path):
             promote("nospace", 10, str(config))
         tiers = build_tiers(load_config(config))
         assert tiers["hot"].verify("nospace", 10).ok  # the hot replica is kept, intact
-        assert _replica_states(config, "nospace")[10].get("warm") != ReplicaState.READY.value
+        assert replica_states(config, "nospace")[10].get("warm") != ReplicaState.READY.value
     finally:
         subprocess.run(["umount", str(tiny)], check=False)

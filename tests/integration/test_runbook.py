@@ -16,15 +16,14 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import yaml
+from replica_waits import replica_states, wait_ready
 
-from ckptflow.catalog import Catalog
 from ckptflow.services import stack as local_stack
 from ckptflow.supervise import SupervisedProcess
 
@@ -128,29 +127,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_stack.Stac
         local_stack.down(directory)
 
 
-def _replica_states(config: Path, run: str) -> dict[int, dict[str, str]]:
-    catalog = Catalog.open(yaml.safe_load(config.read_text())["catalog"])
-    try:
-        return {
-            cp.step: {r.tier: r.state.value for r in catalog.replicas(cp.id)}
-            for cp in catalog.checkpoints(run)
-            if cp.state.value in ("committed", "verified")
-        }
-    finally:
-        catalog.dispose()
-
-
-def _wait_promoted(config: Path, run: str, steps: list[int], timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    states: dict[int, dict[str, str]] = {}
-    while time.monotonic() < deadline:
-        states = _replica_states(config, run)
-        if all(states.get(s, {}).get(t) == "ready" for s in steps for t in ("warm", "cold")):
-            return
-        time.sleep(1)
-    raise AssertionError(f"{run}: steps {steps} not READY on warm and cold within {timeout_s} s: {states}")
-
-
 def _node_drops_after_step(config: Path, run_dir: Path, log: Path) -> int:
     """Train, SIGKILL the process once step N is committed and it has passed step N; return its last step.
 
@@ -185,7 +161,7 @@ def test_node_drop_runbook(stack, tmp_path):
     run_dir = hot_root / RUN
     _node_drops_after_step(config, run_dir, tmp_path / "train.log")
     steps = list(range(SAVE_EVERY, N + 1, SAVE_EVERY))
-    _wait_promoted(config, RUN, steps)  # the event-driven promotions finished before the disk went
+    wait_ready(config, RUN, steps)  # the event-driven promotions finished before the disk went
     shutil.rmtree(run_dir)  # the replacement node's disk is empty
 
     blocks = extract_blocks(RUNBOOK.read_text(), TAG)
@@ -222,7 +198,7 @@ def test_node_drop_runbook(stack, tmp_path):
     assert f"START {N}" in restarted and f"STEP {TOTAL_STEPS}" in restarted and "DONE " in restarted
     assert "starting fresh" not in restarted and "quarantined" not in restarted
     assert any("catalog sync" in b.script for b in blocks)
-    states = _replica_states(config, RUN)  # the older steps' hot copies died with the disk
+    states = replica_states(config, RUN)  # the older steps' hot copies died with the disk
     assert [states[s]["hot"] for s in steps[:-1]] == ["lost"] * (len(steps) - 1), states
     on_hot = sorted(int(p.name.split("-")[1]) for p in run_dir.iterdir() if re.fullmatch(r"step-\d+", p.name))
     assert on_hot == list(range(N, TOTAL_STEPS + 1, SAVE_EVERY))
