@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from ckptflow.services import stack as local_stack
 from ckptflow.services.seaweed import SeaweedError, SeaweedServer, find_weed_binary
 from ckptflow.storage.s3_tier import S3Tier
 
@@ -53,3 +54,20 @@ def s3_tier(seaweed: SeaweedServer, s3_bucket: str) -> Iterator[S3Tier]:
     )
     yield tier
     tier.close()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_stack.Stack]:
+    """The whole local stack (SeaweedFS, Prefect server, served deployments), one per test module;
+    this process's flows report to its server, never to an ephemeral one."""
+    directory = tmp_path_factory.mktemp("stack")
+    running = local_stack.up(directory, serve=True, reconcile_interval_s=3600)
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE, temporary_settings
+
+    try:
+        with temporary_settings(
+            {PREFECT_API_URL: running.prefect.api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False}
+        ):
+            yield running
+    finally:
+        local_stack.down(directory)

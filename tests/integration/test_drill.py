@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,21 +31,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 HIDDEN = 64
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_stack.Stack]:
-    directory = tmp_path_factory.mktemp("drillstack")
-    running = local_stack.up(directory, serve=True, reconcile_interval_s=3600)
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE, temporary_settings
-
-    try:
-        with temporary_settings(
-            {PREFECT_API_URL: running.prefect.api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False}
-        ):
-            yield running
-    finally:
-        local_stack.down(directory)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +33,6 @@ from ckptflow.storage.tier import TierError
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_tiny.py"
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_stack.Stack]:
-    directory = tmp_path_factory.mktemp("stack")
-    running = local_stack.up(directory, serve=True, reconcile_interval_s=3600)
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE, temporary_settings
-
-    try:
-        with temporary_settings(
-            {PREFECT_API_URL: running.prefect.api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False}
-        ):
-            yield running
-    finally:
-        local_stack.down(directory)
 
 
 def _config(stack: local_stack.Stack, tmp_path: Path, **changes: Any) -> Path:
