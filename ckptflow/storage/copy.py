@@ -8,25 +8,11 @@ those bytes. (What the destination disk does afterwards is the scrub's business.
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import FileEntry
 from ckptflow.storage.tier import Progress
-
-# 1 MiB, reused per thread: large enough for few syscalls, small enough that the read, the CRC and
-# the write of a chunk all hit the CPU cache; a fresh 8 MiB buffer per file cost ~1 s per GiB.
-CHUNK = 1 << 20
-_buffers = threading.local()
-
-
-def _thread_buffer() -> memoryview:
-    view = getattr(_buffers, "view", None)
-    if view is None:
-        view = memoryview(bytearray(CHUNK))
-        _buffers.view = view
-    return view
 
 
 class ChecksumMismatch(ValueError):
@@ -48,7 +34,7 @@ def copy_verified(
     """
     crc = 0
     size = 0
-    view = _thread_buffer()
+    view = checksums.thread_buffer()  # per thread, reused: no allocation per file
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:

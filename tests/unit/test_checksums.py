@@ -197,3 +197,31 @@ def test_writer_close_is_idempotent_and_flushes(tmp_path):
     writer.close()
     assert path.read_bytes() == b"123456789"  # flushed by close, though raw is still open
     raw.close()
+
+
+def test_thread_buffer_is_reused_per_thread_and_private_to_it():
+    import threading
+
+    first = checksums.thread_buffer()
+    assert len(first) == checksums.READ_CHUNK
+    assert checksums.thread_buffer().obj is first.obj  # same memory: no allocation per file
+    assert len(checksums.thread_buffer(4096)) == 4096
+    bigger = checksums.thread_buffer(checksums.READ_CHUNK * 2)
+    assert len(bigger) == checksums.READ_CHUNK * 2
+    other: list[object] = []
+    worker = threading.Thread(target=lambda: other.append(checksums.thread_buffer().obj))
+    worker.start()
+    worker.join()
+    assert other[0] is not bigger.obj
+
+
+def test_checksums_of_many_files_on_many_threads_are_right(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(7)
+    blobs = [rng.randbytes(rng.randrange(0, 3 * checksums.READ_CHUNK)) for _ in range(24)]
+    for i, blob in enumerate(blobs):
+        (tmp_path / f"f{i}").write_bytes(blob)
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(lambda i: checksums.checksum_file(tmp_path / f"f{i}"), range(len(blobs))))
+    assert got == [(checksums.checksum_bytes(b), len(b)) for b in blobs]

@@ -219,3 +219,18 @@ def test_read_manifest_unsupported_version_names_the_path(tmp_path):
     with pytest.raises(UnsupportedManifestError) as info:
         read_manifest(tmp_path)
     assert str(tmp_path / MANIFEST_NAME) in str(info.value)
+
+
+def test_parsing_the_same_bytes_again_reuses_the_validated_manifest():
+    data = _manifest().to_json()
+    first = parse_manifest(data, where="/a/manifest.json")
+    assert parse_manifest(bytearray(data), where="/a/manifest.json") is first  # no second validation
+    assert parse_manifest(data, where="/b/manifest.json") == first  # another source: parsed on its own
+
+
+def test_errors_are_not_cached_and_name_each_source():
+    bad = json.dumps(_body(step=-1)).encode()
+    for where in ("/a/manifest.json", "/a/manifest.json", "/b/manifest.json"):
+        with pytest.raises(ManifestError, match="step must be >= 0") as info:
+            parse_manifest(bad, where=where)
+        assert where in str(info.value)
