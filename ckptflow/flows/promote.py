@@ -20,12 +20,13 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.task_runners import TaskRunner
 
-from ckptflow.flows.runners import submit, task_runner_for
+from ckptflow.flows.runners import batch_count, submit, task_runner_for
 from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica
 from ckptflow.tasks.replica_tasks import (
     commit_replica,
     copy_batch,
     hot_manifest,
+    replica_present,
     verify_hot_batch,
     verify_replica,
 )
@@ -48,9 +49,15 @@ def _promote_to(
     checkpoint_id: int,
 ) -> dict[str, Any]:
     started = time.perf_counter()
-    existing = verify_replica(config_path, run, step, tier)
+    # A manifest lookup (one stat or GET) decides whether there is anything to re-verify: a fresh
+    # tier, the common case, costs no task run and no verification pass.
+    present = replica_present.fn(config_path, run, step, tier)
+    if present:
+        existing = verify_replica(config_path, run, step, tier)
+    else:
+        existing = {"ok": False, "uri": load(config_path)[1][tier].uri(run, step)}
     if existing["ok"]:
-        record_replica(
+        record_replica.fn(
             config_path, checkpoint_id, tier, "ready", uri=existing["uri"], bytes=existing["bytes"]
         )
         return {
@@ -98,7 +105,7 @@ def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
     config, _ = load(config_path)
     _, manifest = hot_manifest(config_path, run, step)
     checkpoint_id = ensure_checkpoint_row.fn(config_path, run, step)
-    batches = file_batches(manifest)
+    batches = file_batches(manifest, batch_count(config))
     rows = []
     with task_runner_for(config, threads=PROMOTE_THREADS) as runner:
         logger.info("%s step %d: %d batches on the %s task runner", run, step, len(batches), runner.name)

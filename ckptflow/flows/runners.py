@@ -73,6 +73,17 @@ def local_cluster_kwargs() -> dict[str, Any]:
     }
 
 
+def batch_count(config: CkptflowConfig) -> int:
+    """How many batch tasks a flow splits a checkpoint into for this task runner.
+
+    Threads: one. Each tier call already moves a batch's files on its own thread pool
+    (``workers``), so more batches in the same process would only add task runs, their events, and
+    per-batch requests (the committed-manifest check, the listing, the syncfs), and would multiply
+    the threads contending for the same cores. Dask: ``DEFAULT_MAX_BATCHES``, spread over the workers.
+    """
+    return 1 if config.prefect.task_runner == "threads" else DEFAULT_MAX_BATCHES
+
+
 def task_runner_for(config: CkptflowConfig, threads: int) -> TaskRunner[Any]:
     """A new, unstarted task runner for ``config.prefect.task_runner``; use it in a ``with`` block.
 

@@ -63,6 +63,9 @@ def test_the_default_task_runner_is_a_thread_pool(tmp_path: Path) -> None:
     path.write_text(_config_text(tmp_path, "sqlite:///c.db", {"emit_timeout_s": 5}))
     runner = task_runner_for(load_config(path), threads=8)
     assert isinstance(runner, ThreadPoolTaskRunner) and runner == ThreadPoolTaskRunner(max_workers=8)
+    from ckptflow.flows.runners import batch_count
+
+    assert batch_count(load_config(path)) == 1  # threads: the tier's own pool moves the files
 
 
 def test_dask_runner_connects_to_the_configured_address_or_starts_a_local_cluster(tmp_path: Path) -> None:
@@ -84,6 +87,9 @@ def test_dask_runner_connects_to_the_configured_address_or_starts_a_local_cluste
     kwargs = local_cluster_kwargs()
     assert kwargs["host"] == "127.0.0.1" and kwargs["dashboard_address"] is None  # loopback only
     assert 1 <= kwargs["n_workers"] <= DEFAULT_MAX_BATCHES and kwargs["processes"] is True
+    from ckptflow.flows.runners import batch_count
+
+    assert batch_count(config({"task_runner": "dask"})) == DEFAULT_MAX_BATCHES  # spread over workers
     with pytest.raises(ValueError, match="threads must be >= 1"):
         task_runner_for(config({}), 0)
 

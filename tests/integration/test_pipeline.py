@@ -95,6 +95,16 @@ def test_staged_events_trigger_promotion_to_warm_and_cold(stack, tmp_path):
     assert {r.parameters["step"] for r in runs} >= {10, 20}
     assert all(isinstance(r.parameters["step"], int) for r in runs)
 
+    # Per batch, never per file, and no re-verification pass for tiers that held no copy yet:
+    # hot verify, then copy + commit + verify for warm and for cold (threads: one batch per hop).
+    first = min((r for r in runs if r.parameters["step"] == 20), key=lambda r: r.expected_start_time)
+    assert _task_runs_by_name(first.id) == {
+        "verify_hot_batch": 1,
+        "copy_batch": 2,
+        "commit_replica": 2,
+        "verify_replica": 2,
+    }
+
     # Each S3 object's stored full-object CRC64NVME equals the manifest's value.
     tiers = build_tiers(load_config(config))
     manifest = read_manifest(tiers["hot"].path("e2e", 20))  # type: ignore[attr-defined]
@@ -112,6 +122,33 @@ def test_staged_events_trigger_promotion_to_warm_and_cold(stack, tmp_path):
         assert [e for e in catalog.undelivered_events() if e.run == "e2e"] == []
     finally:
         catalog.dispose()
+
+
+def _task_runs_by_name(flow_run_id: Any, timeout_s: float = 60.0) -> dict[str, int]:
+    """Completed task runs of one flow run by task name, once their (event-borne) count settles."""
+    import asyncio
+    from collections import Counter
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read() -> list:
+        async with get_client() as client:
+            return await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), limit=200
+            )
+
+    last: dict[str, int] = {}
+    stable_since, deadline = time.monotonic(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runs = asyncio.run(read())
+        now = dict(Counter(r.name.rsplit("-", 1)[0] for r in runs if r.state and r.state.is_completed()))
+        if now != last:
+            last, stable_since = now, time.monotonic()
+        elif now and time.monotonic() - stable_since >= 3.0:
+            break
+        time.sleep(0.5)
+    return last
 
 
 def test_restore_from_warm_then_cold_when_hot_is_gone(stack, tmp_path):
