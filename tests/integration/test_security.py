@@ -341,6 +341,24 @@ def _wait_for_run(client: httpx.Client, deployment_id: str, timeout_s: float, wo
     )
 
 
+def _wait_for_run_logs(client: httpx.Client, flow_run_id: str, timeout_s: float = 60.0) -> int:
+    """Wait until the flow run's own log lines have reached the server (their count stops growing).
+
+    The flow-run process ships its logs in batches and flushes the last one while it exits, after
+    the run is already COMPLETED: stopping the worker before then would lose them unscanned.
+    """
+    body = {"logs": {"flow_run_id": {"any_": [flow_run_id]}}}
+    last, stable_since, deadline = -1, time.monotonic(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        count = len(_paged(client, "logs/filter", body))
+        if count != last:
+            last, stable_since = count, time.monotonic()
+        elif count > 0 and time.monotonic() - stable_since >= 3.0:
+            break
+        time.sleep(0.5)
+    return last
+
+
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -454,6 +472,8 @@ def test_deployed_pipeline_runs_authenticated_and_no_log_or_artifact_holds_a_sec
 
         with prefect_auth.client() as client:
             run = _wait_for_run(client, promote_id, timeout_s=300, worker_log=worker_log)
+            run_logs = _wait_for_run_logs(client, run["id"])
+        assert run_logs > 5, f"only {run_logs} log lines of the promote run reached the server"
         assert run["parameters"] == {"run": RUN, "step": STEP, "config_path": str(config_path)}
         promoted_s = time.perf_counter() - started
     finally:
