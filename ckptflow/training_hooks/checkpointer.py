@@ -91,6 +91,11 @@ class Checkpointer:
             ``event_timeout_s``. None: no event (the outbox row still records the commit).
         fallback_tiers: colder tiers (warm, then cold) that restore fetches from when the hot root
             lacks the newest checkpoint (a replacement node) or its copy is corrupt.
+        reserve_staging: when :meth:`restore` loads a checkpoint, allocate and touch the host
+            buffers that saves copy into (as much host memory as this rank's state) right after, so
+            the first save after a resume stalls for the copy alone, not also for page faults. A
+            fresh start (nothing to load) reserves nothing: the first save allocates. False: every
+            allocation waits for the first save.
     """
 
     def __init__(
@@ -108,6 +113,7 @@ class Checkpointer:
         prefect_api_url: str | None = None,
         event_timeout_s: float = 5.0,
         fallback_tiers: Sequence[Tier] = (),
+        reserve_staging: bool = True,
     ) -> None:
         if not run or not all(c.isalnum() or c in "-_." for c in run):
             raise ValueError(f"Checkpointer.run: use letters, digits, '-', '_' or '.', got {run!r}")
@@ -125,6 +131,7 @@ class Checkpointer:
         self.verify_workers = verify_workers
         self.write_hook = write_hook
         self.fallback_tiers = list(fallback_tiers)
+        self.reserve_staging = reserve_staging
         self._on_phase = on_phase or (lambda _phase: None)
         self.rank = ranks.rank()
         self.world_size = ranks.world_size()
@@ -209,6 +216,14 @@ class Checkpointer:
             if self._catalog is not None:
                 hot_uri = str(directory) if report.source != "hot" else None  # fetched: a new hot copy
                 self._catalog.call("record_verified", self.run, step, hot_uri)
+        # Only after a load: on a fresh start, an optimizer's state_dict() would first create its
+        # state (DCP's lazy init runs a zero-lr step, changing Adam's step count); a loaded optimizer
+        # already has state, and state_dict() is then what every save calls anyway.
+        if self.reserve_staging and directory is not None:
+            t0 = time.perf_counter()
+            template = {key: obj.state_dict() for key, obj in self._stateful(state).items()}
+            report.reserved_bytes = self._stager.reserve(template)
+            report.reserve_s = time.perf_counter() - t0
         self.stats.restore = report
         self.cadence.record_save(step)
         log.info("%s", report.describe())
@@ -292,7 +307,12 @@ class Checkpointer:
         final_plan = planner.finish_plan(global_plans[self.rank])
         stall = time.perf_counter() - t0
         stats = SaveStats(
-            step=step, save_id=save_id, stage_s=stall, plan_s=time.perf_counter() - t_plan, bytes=staged.bytes
+            step=step,
+            save_id=save_id,
+            stage_s=stall,
+            plan_s=time.perf_counter() - t_plan,
+            bytes=staged.bytes,
+            allocated_bytes=staged.reallocated_bytes,
         )
         job = SaveJob(
             run=self.run,

@@ -49,6 +49,8 @@ class RestoreReport:
     verify_s: float = 0.0
     load_s: float = 0.0
     bytes_verified: int = 0
+    reserved_bytes: int = 0  # staging buffers allocated ahead of the first save
+    reserve_s: float = 0.0
 
     def describe(self) -> str:
         if self.path is None:
@@ -62,6 +64,8 @@ class RestoreReport:
             )
         for step, reason in self.rejected:
             text += f"; step {step} quarantined: {reason}"
+        if self.reserved_bytes:
+            text += f"; staging buffers reserved: {self.reserved_bytes / 1e6:.1f} MB, {self.reserve_s:.2f} s"
         return text
 
 

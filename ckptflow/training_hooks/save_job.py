@@ -47,6 +47,7 @@ class SaveStats:
     finalize_s: float = 0.0  # coordinator: waiting for ranks, metadata, manifest, rename
     total_s: float = 0.0  # from the stall's start to commit (coordinator) or report (others)
     bytes: int = 0  # bytes staged by this rank
+    allocated_bytes: int = 0  # staging buffers this save had to allocate (0 once they are reserved)
     checkpoint_bytes: int = 0  # all files of the committed checkpoint (coordinator)
     outcome: str = "pending"  # committed | written | abandoned | failed | duplicate
     missing_ranks: list[int] = field(default_factory=list)
