@@ -59,17 +59,20 @@ def _adam_state(model: torch.nn.Module) -> tuple[torch.optim.Optimizer, dict]:
     return optimizer, {"app": ModelState(model, optimizer)}
 
 
-def test_a_resume_reserves_the_buffers_so_its_first_save_allocates_nothing(tmp_path: Path):
+def _save_after_one_step(root: Path, run: str) -> None:
+    """A checkpoint at step 10 of a model whose optimizer has stepped once (it has state)."""
     model = _model()
     optimizer, state = _adam_state(model)
     model(torch.randn(4, 256)).sum().backward()
     optimizer.step()
-    with Checkpointer("reserve", tmp_path / "hot") as ckpt:
+    with Checkpointer(run, root) as ckpt:
         assert ckpt.restore(state) == 0
         assert ckpt.save(10, state)
 
-    resumed = _model()
-    _, state = _adam_state(resumed)
+
+def test_a_resume_reserves_the_buffers_so_its_first_save_allocates_nothing(tmp_path: Path):
+    _save_after_one_step(tmp_path / "hot", "reserve")
+    _, state = _adam_state(_model())
     with Checkpointer("reserve", tmp_path / "hot") as ckpt:
         assert ckpt.restore(state) == 10
         report = ckpt.stats.restore
@@ -92,13 +95,8 @@ def test_a_fresh_start_reserves_nothing_and_leaves_the_optimizer_untouched(tmp_p
 
 
 def test_reserve_staging_false_defers_allocation_to_the_first_save(tmp_path: Path):
-    model = _model()
-    optimizer, state = _adam_state(model)
-    model(torch.randn(4, 256)).sum().backward()
-    optimizer.step()
-    with Checkpointer("deferred", tmp_path / "hot") as ckpt:
-        ckpt.restore(state)
-        assert ckpt.save(10, state)
+    _save_after_one_step(tmp_path / "hot", "deferred")
+    _, state = _adam_state(_model())
     with Checkpointer("deferred", tmp_path / "hot", reserve_staging=False) as ckpt:
         assert ckpt.restore(state) == 10
         assert ckpt.stats.restore is not None and ckpt.stats.restore.reserved_bytes == 0
