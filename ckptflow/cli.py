@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from ckptflow.cli_drill import register as register_drill_commands
+from ckptflow.cli_errors import catalog_url as resolve_catalog_url
+from ckptflow.cli_errors import fail as _fail
 from ckptflow.cli_pipeline import register as register_pipeline_commands
 from ckptflow.cli_plan import plan_command
 from ckptflow.cli_restore import register as register_restore_commands
@@ -36,14 +37,7 @@ catalog_app = typer.Typer(help="The checkpoint catalog (SQLite or PostgreSQL).",
 app.add_typer(catalog_app, name="catalog")
 
 EXIT_BAD = 1
-EXIT_ERROR = 2
 QUARANTINE_REASON_FILE = "QUARANTINE_REASON.txt"
-
-
-def _fail(message: str) -> NoReturn:
-    """One line on stderr, no traceback, exit 2."""
-    typer.echo(f"ckptflow: error: {message}", err=True)
-    raise typer.Exit(EXIT_ERROR)
 
 
 def _human_bytes(n: int) -> str:
@@ -180,17 +174,8 @@ def catalog_sync(
 
     from ckptflow.catalog import Catalog
     from ckptflow.catalog.sync import sync_from_root
-    from ckptflow.policy.config import load_config
-    from ckptflow.policy.yaml_source import ConfigError
 
-    if (catalog_url is None) == (config is None):
-        _fail("give exactly one of --catalog URL or --config ckptflow.yaml")
-    if config is not None:
-        try:
-            catalog_url = load_config(config).catalog
-        except ConfigError as exc:
-            _fail(str(exc))
-    assert catalog_url is not None
+    catalog_url = resolve_catalog_url(catalog_url, config)
     if not root.is_dir():
         _fail(f"checkpoint root {root} does not exist or is not a directory")
     catalog = None

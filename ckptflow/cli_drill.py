@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NoReturn
 
 import typer
 
+from ckptflow.cli_errors import catalog_url
+from ckptflow.cli_errors import fail as _fail
 from ckptflow.policy.yaml_source import ConfigError
 
 drill_app = typer.Typer(
     help="Recovery drills: restore a checkpoint into a scratch job and compare its loss.",
     no_args_is_help=True,
 )
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"ckptflow: error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 @drill_app.command("run")
@@ -78,17 +74,9 @@ def drill_history(
     import pandas as pd  # noqa: PLC0415
 
     from ckptflow.catalog import Catalog  # noqa: PLC0415
-    from ckptflow.policy.config import load_config  # noqa: PLC0415
     from ckptflow.tasks.drill_history import history_frame, plot_history  # noqa: PLC0415
 
-    if (config is None) == (catalog is None):
-        _fail("give exactly one of --config ckptflow.yaml or --catalog URL")
-    if config is not None:
-        try:
-            catalog = load_config(config).catalog
-        except ConfigError as exc:
-            _fail(str(exc))
-    db = Catalog.open(catalog)
+    db = Catalog.open(catalog_url(catalog, config))
     try:
         frame = history_frame(db.drills(run, limit=limit))
     finally:

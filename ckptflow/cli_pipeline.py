@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from ckptflow.cli_errors import fail as _fail
 from ckptflow.policy.yaml_source import ConfigError
 
 DEFAULT_STACK_DIR = Path(".scratch/stack")
@@ -15,11 +16,6 @@ DEFAULT_STACK_DIR = Path(".scratch/stack")
 services_app = typer.Typer(
     help="Local services (SeaweedFS, Prefect server, deployments) on 127.0.0.1.", no_args_is_help=True
 )
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"ckptflow: error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 @services_app.command("up")

@@ -8,22 +8,18 @@ is ``key=value`` pairs for scripts.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from ckptflow.cli_errors import fail as _fail
+
 if TYPE_CHECKING:
     from ckptflow.policy.projection import Projection, StorageProjection
 
 GB = 1e9
-
-
-def _fail(message: str) -> NoReturn:
-    """One line on stderr, no traceback, exit 2."""
-    typer.echo(f"ckptflow: error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def _usd(x: float) -> str:

@@ -8,19 +8,14 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import NoReturn
 
 import typer
 
+from ckptflow.cli_errors import fail as _fail
 from ckptflow.cli_progress import TransferBar
 from ckptflow.policy.yaml_source import ConfigError
 
 TIER_CHOICES = ("auto", "hot", "warm", "cold")
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"ckptflow: error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def _bar(description: str, total: int) -> AbstractContextManager[TransferBar]:

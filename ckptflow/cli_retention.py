@@ -8,12 +8,12 @@ run, its artifacts and its over-budget event are recorded like a scheduled one.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from ckptflow.cli_errors import fail as _fail
 from ckptflow.policy.yaml_source import ConfigError
 
 retention_app = typer.Typer(
@@ -22,11 +22,6 @@ retention_app = typer.Typer(
 
 _POLICY = typer.Option(..., "--policy", help="retention.yaml")
 _CONFIG = typer.Option(..., "--config", help="ckptflow.yaml")
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"ckptflow: error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def _gb(n: int) -> str:

@@ -9,24 +9,20 @@ scripts (``runs``, ``unprotected``, ``pending_promotions``, ``undelivered_events
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ckptflow.cli_errors import fail as _fail
 from ckptflow.policy.yaml_source import ConfigError
 
 if TYPE_CHECKING:
     from ckptflow.tasks.status_ops import DrillVerdict, RunStatus, StatusReport
 
 MAX_STEPS_SHOWN = 3
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"ckptflow: error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def _step(step: int | None) -> str:

@@ -1,0 +1,31 @@
+"""How every ``ckptflow`` command reports bad input: one line on stderr, no traceback, exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+
+EXIT_ERROR = 2
+
+
+def fail(message: str) -> NoReturn:
+    """One line on stderr, no traceback, exit 2."""
+    typer.echo(f"ckptflow: error: {message}", err=True)
+    raise typer.Exit(EXIT_ERROR)
+
+
+def catalog_url(catalog: str | None, config: Path | None) -> str:
+    """The catalog URL from exactly one of ``--catalog URL`` or ``--config ckptflow.yaml``."""
+    from ckptflow.policy.config import load_config  # noqa: PLC0415 - keeps ``--help`` fast
+    from ckptflow.policy.yaml_source import ConfigError  # noqa: PLC0415
+
+    if (catalog is None) == (config is None):
+        fail("give exactly one of --catalog URL or --config ckptflow.yaml")
+    if config is None:
+        return catalog  # type: ignore[return-value]  # not None: checked just above
+    try:
+        return load_config(config).catalog
+    except ConfigError as exc:
+        fail(str(exc))
