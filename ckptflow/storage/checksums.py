@@ -96,6 +96,13 @@ def checksum_file(path: str | os.PathLike[str], chunk: int = READ_CHUNK) -> tupl
         return checksum_stream(f, chunk)
 
 
+def range_crc(prefix_to_start: int, prefix_to_end: int, length: int) -> int:
+    """The CRC64NVME of bytes ``[a, b)`` of a stream, from the CRCs of its prefixes ``[0, a)`` and
+    ``[0, b)`` (``length`` = b - a): CRC(B) = CRC(A+B) xor shift(CRC(A), len(B)), so a writer that
+    notes its running CRC at a few offsets can give the checksum of any span between them."""
+    return prefix_to_end ^ _crt.combine_crc64nvme(prefix_to_start, 0, length)
+
+
 def combine(parts: Iterable[tuple[int, int]]) -> int:
     """Fold per-part (crc, length) pairs, in order, into the whole-object CRC64NVME."""
     total = 0
@@ -110,7 +117,10 @@ class ChecksummingWriter(io.RawIOBase):
     """A binary file wrapper that updates a CRC64NVME with every byte written.
 
     It keeps ``tell()`` and ``fileno()`` working, so torch.distributed.checkpoint can record item
-    offsets and fsync through it: the checksum costs no second read of the data.
+    offsets and fsync through it: the checksum costs no second read of the data. It also notes the
+    running CRC at the start of every write call, so :meth:`block_checksum` gives the CRC of any span
+    that starts and ends at a write boundary (DCP writes each item with its own calls): the blocks a
+    partial read needs to verify exactly the bytes it reads.
     """
 
     def __init__(self, raw: BinaryIO) -> None:
@@ -118,6 +128,7 @@ class ChecksummingWriter(io.RawIOBase):
         self._raw = raw
         self._crc = 0
         self._size = 0
+        self._marks: dict[int, int] = {0: 0}  # offset -> CRC of bytes [0, offset)
 
     @property
     def crc(self) -> int:
@@ -144,7 +155,19 @@ class ChecksummingWriter(io.RawIOBase):
             raise OSError(f"short write: {written} of {len(view)} bytes")
         self._crc = crc64nvme(view, self._crc)
         self._size += written
+        self._marks[self._size] = self._crc
         return written
+
+    def block_checksum(self, offset: int, length: int) -> str:
+        """The encoded CRC64NVME of bytes ``[offset, offset + length)`` written so far.
+
+        Both ends must be write boundaries (where one write call ended and the next began);
+        ``ValueError`` otherwise.
+        """
+        start, end = self._marks.get(offset), self._marks.get(offset + length)
+        if start is None or end is None:
+            raise ValueError(f"span [{offset}, {offset + length}) does not start and end at write boundaries")
+        return encode(range_crc(start, end, length))
 
     def tell(self) -> int:
         return self._raw.tell()

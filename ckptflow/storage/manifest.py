@@ -3,6 +3,17 @@
 ``manifest.json`` lists every file of a checkpoint with its size and CRC64NVME, plus the step,
 world size, metrics and versions. It is written last, after every file is durable; a directory
 without a valid manifest is not a checkpoint. Every tier is verified against it.
+
+Format 2 (written since multi-node support; format 1 still reads) adds what node-local storage and
+read-once verification need:
+
+- ``nodes``: the nodes of the job at save time (index, host, ranks). Each node's hot root holds its
+  *part*: the files whose ``node`` is its index (plus ``.metadata`` and the manifest itself).
+- per file ``blocks``: ``[offset, length, crc]`` spans (one per DCP item) whose CRCs combine into the
+  file's; a restore that reads only some items of a file verifies exactly the bytes it reads.
+- ``alternates``: items a node wrote a copy of although another node's copy is the one DCP's
+  ``.metadata`` points to (replicated tensors are written once *per node*, so every node's part is
+  enough to restore that node's ranks without reading another node's disk).
 """
 
 from __future__ import annotations
@@ -11,7 +22,7 @@ import functools
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -19,8 +30,8 @@ from ckptflow.storage import checksums
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "ckptflow.manifest"
-FORMAT_VERSION = 1
-SUPPORTED_FORMAT_VERSIONS = frozenset({1})
+FORMAT_VERSION = 2
+SUPPORTED_FORMAT_VERSIONS = frozenset({1, 2})
 
 
 class ManifestError(ValueError):
@@ -31,14 +42,49 @@ class UnsupportedManifestError(ManifestError):
     """A well-formed manifest of a format version this ckptflow cannot read (not corruption)."""
 
 
+Block = tuple[int, int, str]  # (offset, length, encoded CRC64NVME) of a span of one file
+
+
 @dataclass(frozen=True)
 class FileEntry:
-    """One file of a checkpoint: path relative to the checkpoint directory, size, checksum."""
+    """One file of a checkpoint: path relative to the checkpoint directory, size, checksum, the
+    rank that wrote it and the node whose part it belongs to (both as at save time), and the CRCs
+    of its blocks (format 2; empty for ``.metadata`` and for format-1 manifests)."""
 
     path: str
     size: int
     checksum: str
     rank: int = 0
+    node: int = 0
+    blocks: tuple[Block, ...] = ()
+
+    def block(self, offset: int, length: int) -> str | None:
+        """The CRC of the block ``[offset, offset + length)``, or None if no block is that span."""
+        for block_offset, block_length, crc in self.blocks:
+            if block_offset == offset and block_length == length:
+                return crc
+        return None
+
+
+@dataclass(frozen=True)
+class NodePart:
+    """One node of the job at save time: its index, host name and ranks."""
+
+    node: int
+    host: str
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Alternate:
+    """Another copy of a DCP item: ``fqn`` and chunk ``offset`` name the item (as DCP's
+    ``MetadataIndex`` does), ``file``/``file_offset``/``length`` say where this copy lies."""
+
+    fqn: str
+    offset: tuple[int, ...] | None
+    file: str
+    file_offset: int
+    length: int
 
 
 @dataclass(frozen=True)
@@ -56,10 +102,26 @@ class Manifest:
     stats: dict[str, float] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     checksum_algorithm: str = checksums.ALGORITHM
+    nodes: tuple[NodePart, ...] = ()
+    alternates: tuple[Alternate, ...] = ()
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+    def entry(self, path: str) -> FileEntry | None:
+        """The entry of ``path``, or None if the checkpoint has no such file."""
+        for entry in self.files:
+            if entry.path == path:
+                return entry
+        return None
+
+    def part_files(self, node: int) -> list[FileEntry]:
+        """The files of node ``node``'s part (as at save time)."""
+        return [f for f in self.files if f.node == node]
+
+    def part_bytes(self, node: int) -> int:
+        return sum(f.size for f in self.part_files(node))
 
     def to_json(self) -> bytes:
         body: dict[str, Any] = {
@@ -71,12 +133,38 @@ class Manifest:
             "save_id": self.save_id,
             "created_at": self.created_at,
             "checksum_algorithm": self.checksum_algorithm,
-            "files": [asdict(f) for f in self.files],
+            "files": [_file_json(f, self.format_version) for f in self.files],
             "metrics": self.metrics,
             "stats": self.stats,
             "versions": self.versions,
         }
+        if self.format_version >= 2:
+            body["nodes"] = [{"node": n.node, "host": n.host, "ranks": list(n.ranks)} for n in self.nodes]
+            body["alternates"] = [
+                {
+                    "fqn": a.fqn,
+                    "offset": None if a.offset is None else list(a.offset),
+                    "file": a.file,
+                    "file_offset": a.file_offset,
+                    "length": a.length,
+                }
+                for a in self.alternates
+            ]
         return (json.dumps(body, indent=1, sort_keys=False, allow_nan=False) + "\n").encode()
+
+
+def _file_json(entry: FileEntry, version: int) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "path": entry.path,
+        "size": entry.size,
+        "checksum": entry.checksum,
+        "rank": entry.rank,
+    }
+    if version >= 2:
+        out["node"] = entry.node
+        if entry.blocks:
+            out["blocks"] = [list(b) for b in entry.blocks]
+    return out
 
 
 def safe_relative_path(path: object, where: str) -> str:
@@ -150,7 +238,18 @@ def _parse_cached(data: bytes, where: str) -> Manifest:
         checksum = _require(raw, "checksum", str, loc)
         if not checksums.is_well_formed(checksum):
             raise ManifestError(f"{loc}: checksum {checksum!r} is not a base64 CRC64NVME")
-        files.append(FileEntry(path=path, size=size, checksum=checksum, rank=int(raw.get("rank", 0))))
+        files.append(
+            FileEntry(
+                path=path,
+                size=size,
+                checksum=checksum,
+                rank=_optional_int(raw, "rank", loc),
+                node=_optional_int(raw, "node", loc),
+                blocks=_parse_blocks(raw.get("blocks", []), size, loc),
+            )
+        )
+    nodes = _parse_nodes(body.get("nodes", []), where)
+    alternates = _parse_alternates(body.get("alternates", []), {f.path: f for f in files}, where)
     metrics = body.get("metrics", {})
     if not isinstance(metrics, dict):
         raise ManifestError(f"{where}: field 'metrics' must be an object")
@@ -166,7 +265,80 @@ def _parse_cached(data: bytes, where: str) -> Manifest:
         stats={str(k): float(v) for k, v in dict(body.get("stats", {})).items()},
         format_version=version,
         checksum_algorithm=algorithm,
+        nodes=nodes,
+        alternates=alternates,
     )
+
+
+def _optional_int(raw: dict[str, Any], key: str, where: str) -> int:
+    value = raw.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ManifestError(f"{where}: field {key!r} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _parse_blocks(raw: object, size: int, where: str) -> tuple[Block, ...]:
+    if not isinstance(raw, list):
+        raise ManifestError(f"{where}: field 'blocks' must be a list of [offset, length, crc]")
+    blocks: list[Block] = []
+    for i, block in enumerate(raw):
+        ok = isinstance(block, list) and len(block) == 3
+        if ok:
+            offset, length, crc = block
+            ok = (
+                all(isinstance(v, int) and not isinstance(v, bool) for v in (offset, length))
+                and offset >= 0
+                and length >= 0
+                and offset + length <= size
+                and checksums.is_well_formed(crc)
+            )
+        if not ok:
+            raise ManifestError(
+                f"{where}: blocks[{i}] must be [offset, length, crc64nvme] inside the file's "
+                f"{size} bytes, got {block!r}"
+            )
+        blocks.append((offset, length, crc))
+    return tuple(blocks)
+
+
+def _parse_nodes(raw: object, where: str) -> tuple[NodePart, ...]:
+    if not isinstance(raw, list):
+        raise ManifestError(f"{where}: field 'nodes' must be a list")
+    nodes: list[NodePart] = []
+    for i, node in enumerate(raw):
+        loc = f"{where}: nodes[{i}]"
+        if not isinstance(node, dict):
+            raise ManifestError(f"{loc}: expected an object")
+        ranks = node.get("ranks")
+        if not isinstance(ranks, list) or not all(isinstance(r, int) and r >= 0 for r in ranks):
+            raise ManifestError(f"{loc}: field 'ranks' must be a list of integers >= 0")
+        host = node.get("host", "")
+        if not isinstance(host, str):
+            raise ManifestError(f"{loc}: field 'host' must be a string")
+        nodes.append(NodePart(node=_optional_int(node, "node", loc), host=host, ranks=tuple(ranks)))
+    return tuple(nodes)
+
+
+def _parse_alternates(raw: object, files: dict[str, FileEntry], where: str) -> tuple[Alternate, ...]:
+    if not isinstance(raw, list):
+        raise ManifestError(f"{where}: field 'alternates' must be a list")
+    out: list[Alternate] = []
+    for i, alt in enumerate(raw):
+        loc = f"{where}: alternates[{i}]"
+        if not isinstance(alt, dict):
+            raise ManifestError(f"{loc}: expected an object")
+        fqn = _require(alt, "fqn", str, loc)
+        offset = alt.get("offset")
+        if offset is not None and not (isinstance(offset, list) and all(isinstance(v, int) for v in offset)):
+            raise ManifestError(f"{loc}: field 'offset' must be null or a list of integers")
+        path = _require(alt, "file", str, loc)
+        entry = files.get(path)
+        file_offset = _require(alt, "file_offset", int, loc)
+        length = _require(alt, "length", int, loc)
+        if entry is None or file_offset < 0 or length < 0 or file_offset + length > entry.size:
+            raise ManifestError(f"{loc}: {path!r} [{file_offset}, +{length}) is not a span of a listed file")
+        out.append(Alternate(fqn, None if offset is None else tuple(offset), path, file_offset, length))
+    return tuple(out)
 
 
 def read_manifest(checkpoint_dir: str | os.PathLike[str]) -> Manifest:

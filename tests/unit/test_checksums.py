@@ -225,3 +225,28 @@ def test_checksums_of_many_files_on_many_threads_are_right(tmp_path):
     with ThreadPoolExecutor(6) as pool:
         got = list(pool.map(lambda i: checksums.checksum_file(tmp_path / f"f{i}"), range(len(blobs))))
     assert got == [(checksums.checksum_bytes(b), len(b)) for b in blobs]
+
+
+def test_range_crc_from_prefix_crcs_equals_the_span_crc():
+    rng = random.Random(3)
+    data = bytes(rng.randrange(256) for _ in range(5000))
+    for a, b in [(0, 5000), (0, 1), (17, 4000), (4999, 5000), (1234, 1234)]:
+        got = checksums.range_crc(checksums.crc64nvme(data[:a]), checksums.crc64nvme(data[:b]), b - a)
+        assert got == checksums.crc64nvme(data[a:b]), (a, b)
+
+
+def test_writer_block_checksums_cover_spans_between_write_boundaries(tmp_path):
+    pieces = [os.urandom(n) for n in (100, 1, 4096, 0, 33)]
+    with open(tmp_path / "f", "wb") as raw:
+        writer = ChecksummingWriter(raw)
+        offsets = []
+        for piece in pieces:
+            offsets.append(writer.tell())
+            writer.write(piece)
+        data = b"".join(pieces)
+        for i, start in enumerate(offsets):
+            for j in range(i, len(pieces)):
+                end = offsets[j] + len(pieces[j])
+                assert writer.block_checksum(start, end - start) == checksums.checksum_bytes(data[start:end])
+        with pytest.raises(ValueError, match="write boundaries"):
+            writer.block_checksum(50, 10)  # 50 is inside the first write

@@ -11,9 +11,11 @@ from ckptflow.storage import checksums
 from ckptflow.storage.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
+    Alternate,
     FileEntry,
     Manifest,
     ManifestError,
+    NodePart,
     UnsupportedManifestError,
     finite_metrics,
     manifest_checksum,
@@ -59,7 +61,7 @@ def test_round_trip():
     original = _manifest()
     assert parse_manifest(original.to_json()) == original
     assert original.total_bytes == 14
-    assert original.format_version == FORMAT_VERSION == 1
+    assert original.format_version == FORMAT_VERSION == 2
 
 
 def test_to_json_is_strict_json():
@@ -215,7 +217,7 @@ def test_read_manifest_unreadable_names_the_path(tmp_path):
 
 
 def test_read_manifest_unsupported_version_names_the_path(tmp_path):
-    (tmp_path / MANIFEST_NAME).write_text(json.dumps(_body(format_version=2)))
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(_body(format_version=3)))
     with pytest.raises(UnsupportedManifestError) as info:
         read_manifest(tmp_path)
     assert str(tmp_path / MANIFEST_NAME) in str(info.value)
@@ -234,3 +236,66 @@ def test_errors_are_not_cached_and_name_each_source():
         with pytest.raises(ManifestError, match="step must be >= 0") as info:
             parse_manifest(bad, where=where)
         assert where in str(info.value)
+
+
+# --- format 2: nodes, blocks, alternates ----------------------------------------------------------
+
+
+def _two_node_manifest() -> Manifest:
+    data = b"0123456789abcdef"
+    blocks = ((0, 10, checksums.checksum_bytes(data[:10])), (10, 6, checksums.checksum_bytes(data[10:])))
+    return _manifest(
+        files=(
+            FileEntry("__0_0.distcp", 16, checksums.checksum_bytes(data), 0, 0, blocks),
+            FileEntry("__2_0.distcp", 16, checksums.checksum_bytes(data), 2, 1, blocks),
+            FileEntry(".metadata", 5, checksums.checksum_bytes(b"meta!"), 0, 0),
+        ),
+        world_size=4,
+        nodes=(NodePart(0, "node0", (0, 1)), NodePart(1, "node1", (2, 3))),
+        alternates=(Alternate("app.model.bias", (0,), "__2_0.distcp", 10, 6),),
+    )
+
+
+def test_format_2_round_trips_nodes_blocks_and_alternates():
+    original = _two_node_manifest()
+    parsed = parse_manifest(original.to_json())
+    assert parsed == original
+    assert parsed.entry("__2_0.distcp").block(10, 6) == original.files[1].blocks[1][2]
+    assert parsed.entry("__2_0.distcp").block(0, 6) is None
+    assert [f.path for f in parsed.part_files(1)] == ["__2_0.distcp"]
+    assert parsed.part_bytes(0) == 21
+
+
+def test_format_1_manifests_still_parse():
+    body = _body(format_version=1)
+    for f in body["files"]:
+        f.pop("node", None)
+    body.pop("nodes", None)
+    body.pop("alternates", None)
+    parsed = _parse(body)
+    assert parsed.format_version == 1
+    assert parsed.nodes == () and all(f.node == 0 and f.blocks == () for f in parsed.files)
+    assert b'"nodes"' not in parsed.to_json()  # written back as what it is
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (lambda b: b["files"][0].update(blocks=[[0, 99, GOOD_CRC]]), r"files\[0\]: blocks\[0\]"),
+        (lambda b: b["files"][0].update(blocks=[[0, 1, "nope"]]), r"blocks\[0\] must be"),
+        (lambda b: b["files"][0].update(node=-1), "'node' must be an integer"),
+        (lambda b: b.update(nodes=[{"node": 0, "host": "a", "ranks": ["x"]}]), r"nodes\[0\]: field 'ranks'"),
+        (
+            lambda b: b.update(
+                alternates=[{"fqn": "w", "offset": None, "file": "gone", "file_offset": 0, "length": 1}]
+            ),
+            r"alternates\[0\]: 'gone'",
+        ),
+    ],
+)
+def test_format_2_fields_are_validated(mutate, match):
+    body = json.loads(_two_node_manifest().to_json())
+    mutate(body)
+    with pytest.raises(ManifestError, match=match) as info:
+        _parse(body)
+    assert "/ckpt/step-40/manifest.json" in str(info.value)
