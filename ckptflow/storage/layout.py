@@ -2,8 +2,11 @@
 
 ```
 <root>/
-  step-<N>/                    committed: contains manifest.json (written last)
+  step-<N>/                    committed: contains manifest.json (written last). On one node of a
+                               multi-node job: that node's part (PART.json), plus the manifest once
+                               the checkpoint is decided
   step-<N>.partial-<save id>/  being written, or left by a crash
+  step-<N>.deleting-<id>/      being removed (renamed aside first, so a crash never leaves half)
   quarantine/step-<N>.<ts>/    failed verification; moved aside, never deleted
 ```
 """
@@ -26,9 +29,9 @@ from ckptflow.storage.manifest import MANIFEST_NAME
 
 _COMMITTED = re.compile(r"^step-(\d+)$")
 _PARTIAL = re.compile(r"^step-(\d+)\.partial-([A-Za-z0-9_-]+)$")
+_DELETING = re.compile(r"^step-(\d+)\.deleting-[A-Za-z0-9_-]+$")
 QUARANTINE_DIR = "quarantine"
 LOCK_PREFIX = ".writer-lock-rank"
-ABANDONED_MARKER = "ABANDONED.json"
 
 
 def committed_name(step: int) -> str:
@@ -105,6 +108,19 @@ def writer_lock(partial_dir: Path, rank: int) -> Iterator[None]:
         os.close(fd)
 
 
+@contextmanager
+def exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``lock_path`` (created if missing) for the duration: one process
+    at a time, on every node that mounts the filesystem (POSIX locks on a shared filesystem)."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def someone_writes(partial_dir: Path) -> bool:
     """True if a live process holds a writer lock in ``partial_dir``."""
     for lock in partial_dir.glob(f"{LOCK_PREFIX}*"):
@@ -124,13 +140,18 @@ def someone_writes(partial_dir: Path) -> bool:
 def remove_stale_partials(
     root: str | os.PathLike[str], min_age_s: float = 30.0, now: float | None = None
 ) -> list[Path]:
-    """Remove partial directories that no live process is writing; return what was removed.
+    """Remove partial directories that no live process is writing, and what an interrupted delete
+    left (``step-N.deleting-*``); return what was removed.
 
     A partial directory is kept if any writer lock in it is held, or if it is younger than
     ``min_age_s`` (a rank may have created it and not yet taken its lock).
     """
     clock = time.time() if now is None else now
     removed: list[Path] = []
+    for child in Path(root).iterdir():
+        if _DELETING.match(child.name) and child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child)
     for entry in scan(root):
         if entry.kind != "partial":
             continue

@@ -25,11 +25,13 @@ from ckptflow.storage.manifest import (
     ManifestError,
     parse_manifest,
     read_manifest,
+    safe_relative_path,
 )
 from ckptflow.storage.tier import Progress, TierError, TierVerifyReport, TransferResult
 from ckptflow.storage.verify import FileProblem, check_file, verify_files
 
 TRASH_MARK = ".trash-"
+INCOMING_TMP = ".incoming-"  # a file being copied into an incoming directory, renamed when whole
 
 
 def trash_stamp() -> str:
@@ -81,7 +83,12 @@ class PosixTier:
             if dst.is_file() and dst.stat().st_size == entry.size and check_file(target, entry) is None:
                 skipped += 1
                 return 0
-            return copy_verified(source / entry.path, dst, entry, progress, fsync=False)
+            # Under a temporary name, renamed when whole: the nodes of a job copy their parts into
+            # the same incoming directory at once, and may both hold a file (.metadata).
+            tmp = dst.with_name(f"{INCOMING_TMP}{dst.name}.{secrets.token_hex(4)}")
+            copied = copy_verified(source / entry.path, tmp, entry, progress, fsync=False)
+            os.replace(tmp, dst)
+            return copied
 
         threads = max(1, min(self.workers, len(entries)))
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"ckptflow-{self.name}") as pool:
@@ -168,27 +175,45 @@ class PosixTier:
         if self._committed_same(manifest, manifest_bytes):
             return TransferResult(str(final), already_committed=True, seconds=time.perf_counter() - start)
         incoming = self._incoming(manifest)
+        # One committer at a time: every node of a job may try once its own part has arrived.
+        lock = self.run_dir(manifest.run) / f".commit-step-{manifest.step}.lock"
+        with layout.exclusive(lock):
+            if self._committed_same(manifest, manifest_bytes):
+                return TransferResult(str(final), already_committed=True, seconds=time.perf_counter() - start)
+            absent = self.missing_files(manifest)
+            if absent:
+                raise TierError(
+                    f"{self.name}: cannot commit step {manifest.step}: {absent[0]} was not copied"
+                    + (f" (and {len(absent) - 1} more)" if len(absent) > 1 else "")
+                )
+            try:
+                write_file_atomic(incoming / MANIFEST_NAME, manifest_bytes)
+                for leftover in [
+                    *incoming.glob(f"{layout.LOCK_PREFIX}*"),
+                    *incoming.glob(f"{INCOMING_TMP}*"),
+                ]:
+                    leftover.unlink()
+                fsync_path(incoming)
+                if not publish_dir(incoming, final):
+                    shutil.rmtree(incoming, ignore_errors=True)
+                # Whoever waits on this lock finds the step committed; a newcomer never needs it.
+                lock.unlink(missing_ok=True)
+            except OSError as exc:
+                raise TierError(f"{self.name}: committing {final} failed: {exc.strerror or exc}") from exc
+        return TransferResult(str(final), files=len(manifest.files), seconds=time.perf_counter() - start)
+
+    def missing_files(self, manifest: Manifest) -> list[str]:
+        """The files of ``manifest`` not yet complete in its incoming directory (size checked)."""
+        incoming = self._incoming(manifest)
+        absent = []
         for entry in manifest.files:
             try:
-                size = (incoming / entry.path).stat().st_size
+                if (incoming / entry.path).stat().st_size == entry.size:
+                    continue
             except FileNotFoundError:
-                raise TierError(
-                    f"{self.name}: cannot commit step {manifest.step}: {entry.path} was not copied"
-                ) from None
-            if size != entry.size:
-                raise TierError(
-                    f"{self.name}: cannot commit step {manifest.step}: {entry.path} is incomplete"
-                )
-        try:
-            write_file_atomic(incoming / MANIFEST_NAME, manifest_bytes)
-            for lock in incoming.glob(f"{layout.LOCK_PREFIX}*"):
-                lock.unlink()
-            fsync_path(incoming)
-            if not publish_dir(incoming, final):
-                shutil.rmtree(incoming, ignore_errors=True)
-        except OSError as exc:
-            raise TierError(f"{self.name}: committing {final} failed: {exc.strerror or exc}") from exc
-        return TransferResult(str(final), files=len(manifest.files), seconds=time.perf_counter() - start)
+                pass
+            absent.append(entry.path)
+        return absent
 
     def put(self, source: Path, manifest: Manifest, progress: Progress | None = None) -> TransferResult:
         copied = self.put_files(source, manifest, None, progress)
@@ -244,6 +269,55 @@ class PosixTier:
             raise
         return TransferResult(
             str(dest), files=len(manifest.files), bytes=copied, seconds=time.perf_counter() - start
+        )
+
+    def read_file(self, run: str, step: int, path: str) -> bytes:
+        """The bytes of one file of committed checkpoint (run, step), as stored (small files: the
+        manifest, ``.metadata``; the caller verifies them)."""
+        directory = self.path(run, step)
+        if not (directory / MANIFEST_NAME).is_file():
+            raise TierError(f"{self.name}: no committed checkpoint at {directory}")
+        try:
+            name = path if path == MANIFEST_NAME else safe_relative_path(path, str(directory))
+            return (directory / name).read_bytes()
+        except OSError as exc:
+            raise TierError(f"{self.name}: cannot read {directory / path}: {exc.strerror or exc}") from exc
+
+    def fetch_files(
+        self, run: str, step: int, entries: list[FileEntry], dest: Path, progress: Progress | None = None
+    ) -> TransferResult:
+        """Copy some files of (run, step) into the local directory ``dest`` (created if missing),
+        each checked against its entry in the same pass, written under a temporary name, fsynced
+        and renamed into place: a file appears whole or not at all, and a file already in ``dest``
+        is never written over. TierError names the file that does not match."""
+        start = time.perf_counter()
+        source = self.path(run, step)
+        if not (source / MANIFEST_NAME).is_file():
+            raise TierError(f"{self.name}: no committed checkpoint at {source}")
+        dest.mkdir(parents=True, exist_ok=True)
+
+        def one(entry: FileEntry) -> int:
+            final = dest / entry.path
+            if final.exists():
+                return 0
+            tmp = final.with_name(f".{final.name}.fetch-{secrets.token_hex(4)}")
+            try:
+                copied = copy_verified(source / entry.path, tmp, entry, progress, fsync=True)
+                os.rename(tmp, final)
+            except ChecksumMismatch as exc:
+                raise TierError(f"{self.name}: {source}/{exc.path} is corrupt: {exc.detail}") from exc
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                what = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror or exc
+                raise TierError(f"{self.name}: fetching {source}/{entry.path} failed: {what}") from exc
+            return copied
+
+        threads = max(1, min(self.workers, len(entries)))
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"ckptflow-{self.name}") as pool:
+            copied = sum(pool.map(one, entries))
+        fsync_path(dest)
+        return TransferResult(
+            str(dest), files=len(entries), bytes=copied, seconds=time.perf_counter() - start
         )
 
     def delete(self, run: str, step: int) -> None:

@@ -12,6 +12,7 @@ boto3 is imported lazily: the training process imports this package without payi
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import shutil
@@ -25,8 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from ckptflow.storage import checksums
-from ckptflow.storage.atomic import fsync_tree, publish_dir, write_file_atomic
-from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, ManifestError, parse_manifest
+from ckptflow.storage.atomic import fsync_path, fsync_tree, publish_dir, write_file_atomic
+from ckptflow.storage.manifest import (
+    MANIFEST_NAME,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    parse_manifest,
+    safe_relative_path,
+)
 from ckptflow.storage.posix_tier import TRASH_MARK, trash_stamp
 from ckptflow.storage.s3_client import S3Bucket, S3Credentials, stored_problem
 from ckptflow.storage.s3_transfer import (
@@ -314,6 +322,75 @@ class S3Tier:
             str(dest),
             files=len(manifest.files),
             bytes=manifest.total_bytes,
+            seconds=time.perf_counter() - start,
+        )
+
+    def missing_files(self, manifest: Manifest) -> list[str]:
+        """The files of ``manifest`` not yet stored (at their size) under the step's prefix."""
+        base = self._step_key(manifest.run, manifest.step)
+        sizes = {
+            item["Key"][len(base) :]: int(item["Size"])
+            for item in self.s3.paginate("list_objects_v2", "Contents", Prefix=base)
+        }
+        return [e.path for e in manifest.files if sizes.get(e.path) != e.size]
+
+    def read_file(self, run: str, step: int, path: str) -> bytes:
+        """The bytes of one object of committed checkpoint (run, step), checked against the CRC S3
+        stored with it when there is one (small files: the manifest, ``.metadata``)."""
+        base = self._step_key(run, step)
+        if self.s3.head(base + MANIFEST_NAME) is None:
+            raise TierError(
+                f"{self.name}: no committed checkpoint at {self.uri(run, step)} ({self.endpoint})"
+            )
+        key = base + safe_relative_path(path, self.uri(run, step)) if path != MANIFEST_NAME else base + path
+        got = self.s3.get_bytes(key)
+        if got is None:
+            raise TierError(f"{self.name}: {self.uri(run, step)}/{path} does not exist ({self.endpoint})")
+        data, stored = got
+        if stored is not None and stored != checksums.checksum_bytes(data):
+            raise TierError(
+                f"{self.name}: {self.uri(run, step)}/{path} is corrupt: its bytes do not match its CRC"
+            )
+        return data
+
+    def fetch_files(
+        self, run: str, step: int, entries: list[FileEntry], dest: Path, progress: Progress | None = None
+    ) -> TransferResult:
+        """Download some objects of (run, step) into the local directory ``dest``, each verified
+        while read, written under a temporary name, fsynced and renamed into place (never over a
+        file already there). TierError names the object that does not match."""
+        start = time.perf_counter()
+        base = self._step_key(run, step)
+        if self.s3.head(base + MANIFEST_NAME) is None:
+            raise TierError(
+                f"{self.name}: no committed checkpoint at {self.uri(run, step)} ({self.endpoint})"
+            )
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        wanted = [e for e in entries if not (dest / e.path).exists()]
+        stop = threading.Event()
+        temps = {
+            e.path: (dest / e.path).with_name(f".{Path(e.path).name}.fetch-{secrets.token_hex(4)}")
+            for e in wanted
+        }
+        try:
+            files, ranges = self._pools("fetch")
+            with files, ranges:
+                mover = FileMover(self.s3, self.part_size, None, ranges, stop, progress)
+                wait_all(
+                    [files.submit(mover.download, base + e.path, e, temps[e.path]) for e in wanted], stop
+                )
+            for entry in wanted:
+                os.rename(temps[entry.path], dest / entry.path)
+            fsync_path(dest)
+        except BaseException:
+            for tmp in temps.values():
+                tmp.unlink(missing_ok=True)
+            raise
+        return TransferResult(
+            str(dest),
+            files=len(wanted),
+            bytes=sum(e.size for e in wanted),
             seconds=time.perf_counter() - start,
         )
 

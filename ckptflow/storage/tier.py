@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from ckptflow.storage.manifest import Manifest
+from ckptflow.storage.manifest import FileEntry, Manifest
 from ckptflow.storage.verify import FileProblem
 
 # progress(bytes_done_increment) is called as data moves, e.g. to drive a progress bar.
@@ -105,6 +105,24 @@ class Tier(Protocol):
         """Download (run, step) into the local directory ``dest`` (must not exist), verifying every
         file's checksum while it is read, and publish it atomically (partial directory, fsync,
         rename). Raises TierError naming the bad file if any checksum differs."""
+        ...
+
+    def missing_files(self, manifest: Manifest) -> list[str]:
+        """The files of ``manifest`` this tier has not yet received (by ``put_files``, at their
+        size): what must still arrive, from other nodes, before :meth:`commit` can succeed."""
+        ...
+
+    def read_file(self, run: str, step: int, path: str) -> bytes:
+        """The bytes of one small file of committed checkpoint (run, step) (the manifest,
+        ``.metadata``), as stored; TierError if there is no such checkpoint or file."""
+        ...
+
+    def fetch_files(
+        self, run: str, step: int, entries: list[FileEntry], dest: Path, progress: Progress | None = None
+    ) -> TransferResult:
+        """Download some files of (run, step) into the local directory ``dest`` (a node's hot copy
+        of the step: created if missing), each verified while read and renamed into place whole;
+        files already in ``dest`` are left alone. Raises TierError naming a file that differs."""
         ...
 
     def delete(self, run: str, step: int) -> None:

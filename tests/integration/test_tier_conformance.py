@@ -338,6 +338,45 @@ def test_fetch_of_a_damaged_copy_raises_naming_the_file_and_leaves_nothing(
         assert not dest.parent.exists() or list(dest.parent.iterdir()) == []  # no partial directory
 
 
+def test_fetch_files_brings_exactly_the_files_asked_for_whole_and_verified(
+    backend: Backend, source: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    """What a node that lacks part of a checkpoint does: some files, into its own step directory."""
+    tier = backend.tier
+    directory, manifest = source
+    tier.put(directory, manifest)
+    dest = tmp_path / "node" / f"step-{STEP}"
+    dest.mkdir(parents=True)
+    (dest / "__0_0.distcp").write_bytes((directory / "__0_0.distcp").read_bytes())  # held already
+    wanted = [e for e in manifest.files if e.path in ("__0_0.distcp", "__1_0.distcp", "sub/empty.bin")]
+    result = tier.fetch_files(RUN, STEP, wanted, dest)
+    assert result.bytes == SMALL_FILES["__1_0.distcp"]  # the held file is not fetched again
+    assert local_files(dest) == {
+        p: local_files(directory)[p] for p in ("__0_0.distcp", "__1_0.distcp", "sub/empty.bin")
+    }
+    assert tier.read_file(RUN, STEP, ".metadata") == (directory / ".metadata").read_bytes()
+    assert tier.read_file(RUN, STEP, MANIFEST_NAME) == (directory / MANIFEST_NAME).read_bytes()
+    backend.damage(RUN, STEP, DAMAGE_TARGET)
+    again = tmp_path / "node2" / f"step-{STEP}"
+    with pytest.raises(TierError) as failure:
+        tier.fetch_files(RUN, STEP, [manifest.entry(DAMAGE_TARGET)], again)
+    assert DAMAGE_TARGET in str(failure.value)
+    assert list(again.iterdir()) == []  # nothing half written under any name
+
+
+def test_missing_files_names_what_other_nodes_have_yet_to_copy(
+    tier: Tier, source: tuple[Path, Manifest]
+) -> None:
+    directory, manifest = source
+    assert sorted(tier.missing_files(manifest)) == sorted(SMALL_FILES)
+    tier.put_files(directory, manifest, ["__0_0.distcp", ".metadata"])
+    assert sorted(tier.missing_files(manifest)) == ["__1_0.distcp", "sub/empty.bin"]
+    tier.put_files(directory, manifest, ["__1_0.distcp", "sub/empty.bin"])
+    assert tier.missing_files(manifest) == []
+    tier.commit(directory, manifest)
+    assert tier.list_steps(RUN) == [STEP]
+
+
 def test_delete_removes_the_step_and_is_idempotent(tier: Tier, tmp_path: Path) -> None:
     kept_dir, kept = make_checkpoint(tmp_path / "src", 3)
     doomed_dir, doomed = make_checkpoint(tmp_path / "src", STEP)
