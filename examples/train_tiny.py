@@ -34,6 +34,7 @@ import torch.distributed as dist
 from ckptflow.training_hooks import (
     Cadence,
     Checkpointer,
+    CheckpointOptions,
     ModelState,
     ResumableSampler,
     RNGState,
@@ -165,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step")
     ap.add_argument("--on-busy", choices=["skip", "wait"], default="wait")
+    ap.add_argument(
+        "--deadline-s", type=float, default=None, help="seconds every node has to commit its part of a save"
+    )
+    ap.add_argument(
+        "--store", choices=["auto", "env", "rank0"], default=None, help="coordination store (default: auto)"
+    )
     ap.add_argument("--trace-phases", action="store_true", help="print save phases to stdout")
     ap.add_argument("--result", type=Path, default=None, help="write final digest + loss history here")
     args = ap.parse_args(argv)
@@ -187,21 +194,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.trace_phases:
             say(f"PHASE {phase}")
 
-    options = {
-        "cadence": Cadence.every_steps(args.save_every),
-        "on_busy": args.on_busy,
-        "stale_partial_age_s": 0.0,
-        "on_phase": trace,
-    }
+    # Options given on the command line override ckptflow.yaml's checkpoint: section (or the defaults).
+    chosen = {"on_busy": args.on_busy, "stale_partial_age_s": 0.0}
+    chosen |= {k: v for k, v in (("deadline_s", args.deadline_s), ("store", args.store)) if v is not None}
+    hooks = {"cadence": Cadence.every_steps(args.save_every), "on_phase": trace}
     if args.config:
-        ckpt = Checkpointer.from_config(args.run, args.config, **options)
+        ckpt = Checkpointer.from_config(args.run, args.config, **hooks, **chosen)
     elif args.root:
         ckpt = Checkpointer(
             run=args.run,
             root=args.root,
             catalog=args.catalog,
             prefect_api_url=args.prefect_api_url,
-            **options,
+            options=CheckpointOptions(**chosen),
+            **hooks,
         )
     else:
         ap.error("give --root DIR or --config ckptflow.yaml")

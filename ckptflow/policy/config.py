@@ -20,6 +20,9 @@ tiers:
 promote:
   workers: 8
   stale_upload_age_s: 3600
+checkpoint:                                         # the Checkpointer's options (CheckpointOptions)
+  deadline_s: 600
+  on_busy: skip
 ```
 Secrets never live in this file: credentials come from the environment or the AWS chain.
 """
@@ -103,11 +106,43 @@ class PromoteConfig(_Strict):
     stale_partial_age_s: float = Field(default=3600.0, ge=0)
 
 
+class CheckpointConfig(_Strict):
+    """The ``checkpoint:`` section: the training side's settings, mapped one to one onto
+    ``ckptflow.training_hooks.CheckpointOptions`` (same names, same meaning; see its docstring).
+    The one option not here is ``event_timeout_s``: it bounds the post to the Prefect API, so it
+    lives beside that API, as ``prefect.emit_timeout_s``."""
+
+    on_busy: Literal["skip", "wait"] = "skip"
+    deadline_s: float = Field(default=600.0, gt=0)
+    decision_grace_s: float = Field(default=30.0, ge=0)
+    store: Literal["auto", "env", "rank0"] = "auto"
+    store_host: str | None = Field(default=None, min_length=1)
+    store_timeout_s: float = Field(default=300.0, gt=0)
+    fetch_timeout_s: float = Field(default=6 * 3600.0, gt=0)
+    stale_partial_age_s: float = Field(default=60.0, ge=0)
+    verify_workers: int | None = Field(default=None, ge=1, le=256)
+    reserve_staging: bool = True
+
+    @field_validator(
+        "deadline_s",
+        "decision_grace_s",
+        "store_timeout_s",
+        "fetch_timeout_s",
+        "stale_partial_age_s",
+        mode="before",
+    )
+    @classmethod
+    def _seconds_may_be_integers(cls, value: object) -> object:
+        # Strict mode refuses an int for a float field; "deadline_s: 300" is what people write.
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 class CkptflowConfig(_Strict):
     catalog: str = Field(min_length=1)
     tiers: dict[Literal["hot", "warm", "cold"], TierConfig]
     prefect: PrefectConfig = PrefectConfig()
     promote: PromoteConfig = PromoteConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
     @model_validator(mode="after")
     def _hot_tier_required(self) -> CkptflowConfig:

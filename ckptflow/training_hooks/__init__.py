@@ -1,12 +1,15 @@
 """In the training process: async, atomic, checksummed checkpoints and their verified restore.
 
-Public API: :class:`Checkpointer`, :class:`Cadence`, the Stateful helpers :class:`ModelState`,
-:class:`RNGState`, :class:`DataPosition`, :class:`ResumableSampler`, and the errors
-:class:`CheckpointLoadError`, :class:`CheckpointSaveError`.
+Public API: :class:`Checkpointer` and its :class:`CheckpointOptions`, :class:`Cadence`, the
+Stateful helpers :class:`ModelState`, :class:`RNGState`, :class:`DataPosition`,
+:class:`ResumableSampler`, the job's :class:`Topology` (nodes and their ranks), and the errors
+:class:`CheckpointLoadError`, :class:`CheckpointSaveError`, :class:`NodeTopologyError`.
 """
 
 from ckptflow.training_hooks.cadence import Cadence
 from ckptflow.training_hooks.checkpointer import Checkpointer, CheckpointerStats, CheckpointSaveError
+from ckptflow.training_hooks.nodes import NodeTopologyError, Topology
+from ckptflow.training_hooks.options import CheckpointOptions
 from ckptflow.training_hooks.restore import CheckpointLoadError, RestoreReport
 from ckptflow.training_hooks.save_job import SaveStats
 from ckptflow.training_hooks.stateful import DataPosition, ModelState, ResumableSampler, RNGState
@@ -16,11 +19,14 @@ __all__ = [
     "Checkpointer",
     "CheckpointerStats",
     "CheckpointLoadError",
+    "CheckpointOptions",
     "CheckpointSaveError",
     "DataPosition",
+    "NodeTopologyError",
     "ModelState",
     "RNGState",
     "ResumableSampler",
     "RestoreReport",
     "SaveStats",
+    "Topology",
 ]

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+import torch
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
 from ckptflow.policy.config import load_config
@@ -33,13 +33,19 @@ from ckptflow.storage import layout
 from ckptflow.storage.from_config import build_tiers
 from ckptflow.storage.manifest import MANIFEST_NAME, finite_metrics
 from ckptflow.storage.tier import Tier
-from ckptflow.training_hooks import ranks
+from ckptflow.training_hooks import nodes, ranks
 from ckptflow.training_hooks.cadence import Cadence, CadenceMode
 from ckptflow.training_hooks.catalog_client import CatalogHandle
+from ckptflow.training_hooks.coord_store import CoordinationStore, open_store
 from ckptflow.training_hooks.events import EventPoster
-from ckptflow.training_hooks.restore import RestoreReport, choose_checkpoint, load_checkpoint
+from ckptflow.training_hooks.node_planner import NodeLocalSavePlanner
+from ckptflow.training_hooks.nodes import Topology
+from ckptflow.training_hooks.options import CheckpointOptions
+from ckptflow.training_hooks.restore import RestoreContext, RestoreReport
+from ckptflow.training_hooks.restore import restore as restore_state
 from ckptflow.training_hooks.save_job import SaveJob, SaveStats, run_save_job
 from ckptflow.training_hooks.staging import HostStager
+from ckptflow.training_hooks.verified_reader import ReadHook
 
 log = logging.getLogger("ckptflow.checkpointer")
 
@@ -66,101 +72,125 @@ class CheckpointerStats:
         return self.history[-1] if self.history else None
 
 
+def _fresh_optimizers(state: dict[str, Any]) -> list[torch.optim.Optimizer]:
+    """Optimizers in ``state`` (as a Stateful's ``optimizer``) that have no state yet."""
+    found = []
+    for obj in state.values():
+        optimizer = getattr(obj, "optimizer", None)
+        if isinstance(optimizer, torch.optim.Optimizer) and not optimizer.state:
+            found.append(optimizer)
+    return found
+
+
 class Checkpointer:
     """Async, atomic, checksummed checkpoints of a dict of Stateful objects, and their restore.
 
     Args:
         run: name of the training run (recorded in manifests and the catalog).
-        root: checkpoint root directory (the hot tier). Under torch.distributed every rank must see
-            the same directory (a shared or parallel filesystem, or one node).
-        catalog: SQLAlchemy URL or SQLite file path of the catalog, or None for no catalog. A catalog
-            failure is logged and counted, never raised: the manifests on disk are the truth.
+        root: this node's checkpoint directory (the hot tier). Recommended: node-local NVMe at the
+            same path on every node; each node then keeps its own ranks' part of every checkpoint
+            and no node ever reads another's disk. One shared filesystem for every rank works too
+            (it is then one node). Which ranks share a directory is found at the first save or
+            restore, by a probe file each rank writes and every rank looks for.
+        catalog: SQLAlchemy URL or SQLite file path of the catalog, or None for no catalog. Written
+            by rank 0 only; a catalog failure is logged and counted, never raised: the manifests on
+            disk are the truth.
         cadence: when :meth:`maybe_save` saves (default: every 100 steps).
-        on_busy: ``"skip"`` (default) skips a save that falls due while the previous one is still
-            being written (counted and logged); ``"wait"`` blocks until it is done.
-        deadline_s: how long the coordinator waits for every rank's files before the attempt is
-            ABANDONED (missing ranks logged); training is never blocked by it.
-        stale_partial_age_s: at restore, partial directories older than this with no live writer
-            are removed.
-        verify_workers: threads used to verify files at restore.
-        write_hook: called with each file name before it is written; for fault injection.
-        on_phase: called with the phase name (staging, writing, waiting, manifest, rename, catalog,
-            event, done) as a save progresses; for tracing and crash tests.
+        options: every other setting (:class:`CheckpointOptions`: busy policy, commit deadline,
+            coordination store, restore timeouts, ...); ``ckptflow.yaml``'s ``checkpoint:`` section
+            maps onto it one to one.
         prefect_api_url: Prefect API (e.g. ``http://127.0.0.1:4200/api``) that receives the
-            ``ckptflow.checkpoint.staged`` event after each commit, from the background thread, within
-            ``event_timeout_s``. None: no event (the outbox row still records the commit).
-        fallback_tiers: colder tiers (warm, then cold) that restore fetches from when the hot root
-            lacks the newest checkpoint (a replacement node) or its copy is corrupt.
-        reserve_staging: when :meth:`restore` loads a checkpoint, allocate and touch the host
-            buffers that saves copy into (as much host memory as this rank's state) right after, so
-            the first save after a resume stalls for the copy alone, not also for page faults. A
-            fresh start (nothing to load) reserves nothing: the first save allocates. False: every
-            allocation waits for the first save.
+            ``ckptflow.checkpoint.staged`` event after each commit, from rank 0's background thread,
+            within ``options.event_timeout_s``. None: no event (the outbox row still records it).
+        fallback_tiers: colder tiers (warm, then cold) restore fetches files from when this node's
+            disk lacks them (a replacement node, another world size) or its copy is corrupt.
+        write_hook: called with each file name before it is written; for fault injection.
+        read_hook: called with (file, offset, buffer) for every span restore reads, before it is
+            checked; for fault injection.
+        on_phase: called with the phase name as a save (staging, writing, waiting, part committed,
+            manifest, rename, catalog, event, done) or a restore (restore:inventory, restore:fetch,
+            restore:load) progresses; for tracing and crash tests.
     """
 
     def __init__(
         self,
         run: str,
         root: str | Path,
+        *,
         catalog: str | None = None,
         cadence: Cadence | None = None,
-        on_busy: Literal["skip", "wait"] = "skip",
-        deadline_s: float = 600.0,
-        stale_partial_age_s: float = 60.0,
-        verify_workers: int | None = None,
-        write_hook: Callable[[str], None] | None = None,
-        on_phase: Callable[[str], None] | None = None,
+        options: CheckpointOptions | None = None,
         prefect_api_url: str | None = None,
-        event_timeout_s: float = 5.0,
         fallback_tiers: Sequence[Tier] = (),
-        reserve_staging: bool = True,
+        write_hook: Callable[[str], None] | None = None,
+        read_hook: ReadHook | None = None,
+        on_phase: Callable[[str], None] | None = None,
     ) -> None:
         if not run or not all(c.isalnum() or c in "-_." for c in run):
             raise ValueError(f"Checkpointer.run: use letters, digits, '-', '_' or '.', got {run!r}")
-        if on_busy not in ("skip", "wait"):
-            raise ValueError(f"Checkpointer.on_busy: must be 'skip' or 'wait', got {on_busy!r}")
-        if deadline_s <= 0:
-            raise ValueError(f"Checkpointer.deadline_s: must be > 0 seconds, got {deadline_s}")
+        if options is not None and not isinstance(options, CheckpointOptions):
+            raise TypeError(
+                f"Checkpointer.options: expected a CheckpointOptions, got {type(options).__name__}; "
+                "build one with CheckpointOptions(deadline_s=..., ...)"
+            )
         self.run = run
         self.root = Path(root)
         self._check_root()
         self.cadence = cadence if cadence is not None else Cadence.every_steps(100)
-        self.on_busy = on_busy
-        self.deadline_s = deadline_s
-        self.stale_partial_age_s = stale_partial_age_s
-        self.verify_workers = verify_workers
+        self.options = options if options is not None else CheckpointOptions()
         self.write_hook = write_hook
+        self.read_hook = read_hook
         self.fallback_tiers = list(fallback_tiers)
-        self.reserve_staging = reserve_staging
         self._on_phase = on_phase or (lambda _phase: None)
         self.rank = ranks.rank()
         self.world_size = ranks.world_size()
         self._catalog = CatalogHandle(catalog) if (catalog and self.rank == 0) else None
         self._events = (
-            EventPoster(prefect_api_url, event_timeout_s) if (prefect_api_url and self.rank == 0) else None
+            EventPoster(prefect_api_url, self.options.event_timeout_s)
+            if (prefect_api_url and self.rank == 0)
+            else None
         )
         self._stager = HostStager()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ckptflow-save-r{self.rank}")
         self._inflight: Future[SaveStats] | None = None
         self._error: BaseException | None = None
         self._incarnation: str | None = None
+        self._topology: Topology | None = None
+        self._store: CoordinationStore | None = None
+        self._restores = 0
+        self._last_save_id: str | None = None
         self._closed = False
         self.stats = CheckpointerStats()
+
+    @property
+    def topology(self) -> Topology:
+        """The nodes of the job (which ranks share this hot root); found at the first save/restore."""
+        self._ensure_incarnation()
+        assert self._topology is not None
+        return self._topology
 
     @classmethod
     def from_config(cls, run: str, config_path: str | Path, **kwargs: Any) -> Checkpointer:
         """A Checkpointer for ``run`` from ``ckptflow.yaml``: hot root ``<tiers.hot.root>/<run>``,
-        the catalog, the Prefect API for staged events, and warm/cold tiers as restore fallbacks.
-        Keyword arguments override or add to these (e.g. ``cadence=``)."""
+        the catalog, the Prefect API for staged events, warm/cold tiers as restore fallbacks, and
+        the ``checkpoint:`` section (with ``prefect.emit_timeout_s``) as its :class:`CheckpointOptions`.
+
+        Keyword arguments override or add to these: Checkpointer arguments (``cadence=``,
+        ``on_phase=``, ...) and single options by name (``deadline_s=60``)."""
         config = load_config(config_path)
         tiers = build_tiers(config)
         hot = tiers["hot"]
+        option_names = set(CheckpointOptions.field_names())
+        overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in option_names}
+        options = kwargs.pop("options", None) or CheckpointOptions(
+            **config.checkpoint.model_dump(), event_timeout_s=config.prefect.emit_timeout_s
+        )
         defaults: dict[str, Any] = {
             "root": Path(hot.root) / run,  # type: ignore[attr-defined]
             "catalog": config.catalog,
             "prefect_api_url": config.prefect.api_url,
-            "event_timeout_s": config.prefect.emit_timeout_s,
             "fallback_tiers": [tiers[name] for name in config.tier_names() if name != "hot"],
+            "options": options.replace(**overrides) if overrides else options,
         }
         return cls(run=run, **{**defaults, **kwargs})
 
@@ -179,60 +209,83 @@ class Checkpointer:
             ) from exc
 
     def _ensure_incarnation(self) -> str:
-        # One id per process lifetime, agreed by all ranks: it names partial directories, so a
-        # restarted job never writes into a directory a previous incarnation left behind.
+        # One id per process lifetime, agreed by all ranks: it names partial directories and store
+        # keys, so a restarted job never writes into what a previous incarnation left behind. The
+        # same collective start finds the nodes and opens this rank's coordination store.
         if self._incarnation is None:
-            self._incarnation = ranks.broadcast(secrets.token_hex(4) if self.rank == 0 else None)
+            token = ranks.broadcast(secrets.token_hex(4) if self.rank == 0 else None)
+            self._topology = nodes.detect(self.root, token)
+            self._store = open_store(
+                self._topology, self.options.store, self.options.store_timeout_s, self.options.store_host
+            )
+            self._incarnation = token
+            if self._topology.node_count > 1 and self.rank == 0:
+                log.info(
+                    "%d nodes share this job, each with its own hot root: %s",
+                    self._topology.node_count,
+                    "; ".join(self._topology.describe_node(k) for k in range(self._topology.node_count)),
+                )
         return self._incarnation
 
     # --- restore ------------------------------------------------------------------------------
 
     def restore(self, state: dict[str, Any]) -> int:
-        """Load the newest checkpoint that verifies into ``state``; return its step (0 if none).
+        """Load the newest checkpoint the job can restore into ``state``; return its step (0: none).
 
-        Call it at every start, on every rank. Stale partial directories are removed first;
-        checkpoints that fail verification are quarantined (moved to ``quarantine/``, marked
-        CORRUPT) and the next older one is tried. Raises :class:`CheckpointLoadError` when the
-        chosen checkpoint does not match ``state`` (nothing is moved or deleted then).
+        Call it at every start, on every rank (a collective). The ranks agree on one step from what
+        every node's disk and the colder tiers hold; a node that lacks files its ranks read fetches
+        them (verified) into its own hot root; every byte loaded is checked against the manifest in
+        the read that loads it. A corrupt file makes every rank walk back together: the node that
+        holds it moves its part to ``quarantine/`` (never deleted) and the same step is tried from a
+        colder tier, else the next older one. The live state is written only after every rank
+        loaded cleanly. Raises :class:`CheckpointLoadError` when the checkpoint does not match
+        ``state`` (a missing key, a wrong shape); nothing is moved or deleted then.
         """
         self._stateful(state)  # a bad state fails now, not at the first save hours later
         self._ensure_incarnation()
         self.wait()
-        removed: list[str] = []
-        if self.rank == 0:
-            removed = [str(p) for p in layout.remove_stale_partials(self.root, self.stale_partial_age_s)]
-            for path in removed:
-                log.info("removed stale partial checkpoint directory %s", path)
-            if self._catalog is not None:
-                self._catalog.call("ensure_run", self.run, str(self.root))
-        step, directory, report = choose_checkpoint(
-            self.root, self._quarantine, self.verify_workers, self.run, self.fallback_tiers
+        topology = self.topology
+        if self._catalog is not None:
+            self._catalog.call("ensure_run", self.run, str(self.root))
+        stager = self._stager if self.options.reserve_staging else HostStager()
+        self._restores += 1
+        assert self._store is not None
+        context = RestoreContext(
+            run=self.run,
+            root=self.root,
+            topology=topology,
+            store=self._store,
+            attempt_id=f"{self._incarnation}-{self._restores}",
+            fallbacks=self.fallback_tiers,
+            stager=stager,
+            workers=self.options.verify_workers or 2,
+            fetch_timeout_s=self.options.fetch_timeout_s,
+            stale_partial_age_s=self.options.stale_partial_age_s,
+            on_phase=self._on_phase,
+            record_corrupt=self._record_corrupt if self._catalog is not None else None,
+            read_hook=self.read_hook,
         )
-        report.removed_partials = removed
-        if directory is not None:
-            t0 = time.perf_counter()
-            load_checkpoint(state, directory)
-            report.load_s = time.perf_counter() - t0
-            if self._catalog is not None:
-                hot_uri = str(directory) if report.source != "hot" else None  # fetched: a new hot copy
-                self._catalog.call("record_verified", self.run, step, hot_uri)
-        # Only after a load: on a fresh start, an optimizer's state_dict() would first create its
-        # state (DCP's lazy init runs a zero-lr step, changing Adam's step count); a loaded optimizer
-        # already has state, and state_dict() is then what every save calls anyway.
-        if self.reserve_staging and directory is not None:
-            t0 = time.perf_counter()
-            template = {key: obj.state_dict() for key, obj in self._stateful(state).items()}
-            report.reserved_bytes = self._stager.reserve(template)
-            report.reserve_s = time.perf_counter() - t0
+        untouched = _fresh_optimizers(state)
+        report = restore_state(context, state)
+        if report.path is None:
+            # Planning a load called state_dict(), and DCP creates a fresh optimizer's state on
+            # that call (a zero-lr step). Nothing was loaded: a fresh start must begin as fresh.
+            for optimizer in untouched:
+                optimizer.state.clear()
+        if not self.options.reserve_staging:
+            report.reserved_bytes = 0
+        step = report.step
+        if report.path is not None and self._catalog is not None:
+            fetched = report.fetched_files > 0
+            self._catalog.call("record_verified", self.run, step, str(report.path) if fetched else None)
         self.stats.restore = report
         self.cadence.record_save(step)
         log.info("%s", report.describe())
         return step
 
-    def _quarantine(self, step: int, directory: Path, reason: str) -> None:
-        moved = layout.quarantine(self.root, directory, reason)
+    def _record_corrupt(self, step: int, reason: str, uri: str | None) -> None:
         if self._catalog is not None:
-            self._catalog.call("record_corrupt", self.run, step, reason, str(moved))
+            self._catalog.call("record_corrupt", self.run, step, reason, uri)
 
     # --- save -----------------------------------------------------------------------------------
 
@@ -276,7 +329,7 @@ class Checkpointer:
             return False
         busy_ranks = [r for r, (b, _) in enumerate(flags) if b]
         if busy_ranks:
-            if self.on_busy == "skip":
+            if self.options.on_busy == "skip":
                 self.stats.skipped_busy += 1
                 log.warning(
                     "save of step %d skipped: the previous save is still being written on rank(s) %s "
@@ -297,7 +350,8 @@ class Checkpointer:
         # Unique per attempt (and equal on all ranks, which agreed on this save): a step saved again
         # after an ABANDONED attempt must never share, or commit, the abandoned attempt's files.
         save_id = f"{self._incarnation}-{step}-{self.stats.saves_started}"
-        planner = DefaultSavePlanner()
+        topology = self.topology
+        planner = NodeLocalSavePlanner(topology.nodes)
         writer = FileSystemWriter(self.root)  # planning only: storage prefixes per rank
         planner.set_up_planner(staged.staged, None, self.rank == 0)
         local_plan = planner.create_local_plan()
@@ -319,21 +373,24 @@ class Checkpointer:
             root=self.root,
             step=step,
             save_id=save_id,
-            rank=self.rank,
-            world_size=self.world_size,
+            topology=topology,
+            store=self._store,
             planner=planner,
             plan=final_plan,
             metadata=metadata,
             staging_event=staged.event,
             metrics=finite_metrics(metrics),
-            deadline_s=self.deadline_s,
+            deadline_s=self.options.deadline_s,
+            grace_s=self.options.decision_grace_s,
             stats=stats,
             on_phase=self._on_phase,
             write_hook=self.write_hook,
             catalog=self._catalog,
             events=self._events,
             started=started,
+            previous_save_id=self._last_save_id,
         )
+        self._last_save_id = save_id
         self.cadence.observe_stall(stall)
         self.cadence.record_save(step)
         self.stats.saves_started += 1

@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.filesystem import (
 )
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.storage import WriteResult
 
 from ckptflow.storage.checksums import ChecksummingWriter
 
@@ -42,11 +43,13 @@ METADATA_NAME = ".metadata"
 
 @dataclass(frozen=True)
 class WrittenFile:
-    """A file DCP wrote, with the checksum computed while writing it."""
+    """A file DCP wrote, with the checksum computed while writing it, and the CRC of each item's
+    bytes in it (``(offset, length, crc)``: what a restore reading only some items verifies)."""
 
     path: str  # relative to the checkpoint directory
     size: int
     checksum: str
+    blocks: tuple[tuple[int, int, str], ...] = ()
 
 
 class ChecksummingFileSystem(FileSystem):
@@ -61,12 +64,31 @@ class ChecksummingFileSystem(FileSystem):
         self._root = root
         self._lock = threading.Lock()
         self._written: dict[str, WrittenFile] = {}
+        self._streams: dict[str, ChecksummingWriter] = {}
         self._write_hook = write_hook
 
     @property
     def written(self) -> list[WrittenFile]:
         with self._lock:
             return sorted(self._written.values(), key=lambda f: f.path)
+
+    def finish(self, results: list[WriteResult]) -> list[WrittenFile]:
+        """Every file written, with the CRC of each item DCP placed in it (from ``results``)."""
+        spans: dict[str, list[tuple[int, int]]] = {}
+        for result in results:
+            info: _StorageInfo = result.storage_data
+            spans.setdefault(info.relative_path, []).append((info.offset, info.length))
+        out = []
+        with self._lock:
+            for path, record in sorted(self._written.items()):
+                stream = self._streams[path]
+                blocks = tuple(
+                    (offset, length, stream.block_checksum(offset, length))
+                    for offset, length in sorted(set(spans.get(path, [])))
+                )
+                out.append(WrittenFile(record.path, record.size, record.checksum, blocks))
+            self._streams.clear()  # their offset tables are no longer needed
+        return out
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[io.IOBase, None, None]:
@@ -86,6 +108,7 @@ class ChecksummingFileSystem(FileSystem):
             )
         with self._lock:
             self._written[record.path] = record
+            self._streams[record.path] = stream
 
 
 def make_writer(directory: Path, write_hook: Any = None) -> tuple[FileSystemWriter, ChecksummingFileSystem]:

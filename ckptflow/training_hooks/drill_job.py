@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from ckptflow.training_hooks import ranks
 from ckptflow.training_hooks.checkpointer import Checkpointer
+from ckptflow.training_hooks.options import CheckpointOptions
 from ckptflow.training_hooks.restore import CheckpointLoadError
 
 
@@ -72,7 +73,7 @@ def run_rank(args: argparse.Namespace) -> dict[str, Any]:
     started = time.time()
     function = resolve_entry_point(args.eval, args.python_path)
     kwargs = json.loads(args.eval_kwargs)
-    ckpt = Checkpointer(run=args.run, root=args.root, stale_partial_age_s=0.0)
+    ckpt = Checkpointer(run=args.run, root=args.root, options=CheckpointOptions(stale_partial_age_s=0.0))
     restored: dict[str, Any] = {}
 
     def restore(state: dict[str, Any]) -> int:

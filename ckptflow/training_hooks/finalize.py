@@ -1,18 +1,25 @@
-"""Multi-rank finalization through the filesystem: reports, a deadline, then one atomic commit.
+"""What a commit writes: rank reports, DCP's ``.metadata``, the global manifest, the node's part.
 
-Every rank writes its shard files into the shared ``step-N.partial-<id>/`` directory and then a small
-JSON report (its files with checksums, and DCP's write results). The coordinator waits for all
-reports until the deadline; then it writes DCP's ``.metadata`` and ``manifest.json`` (both fsynced),
-and publishes the directory by rename. A rank that misses the deadline makes the attempt
-ABANDONED: the directory is marked and never published, and training goes on.
+Pure construction and file publishing; who waits for whom is in :mod:`.commit_protocol`, the order
+of a save in :mod:`.save_job`.
 
-No collective is used here, so a straggler can never block the training loop of another rank.
+- A :class:`RankReport` is what a rank wrote: its files (size, CRC, one CRC per DCP item) and DCP's
+  write results. Reports travel through the coordination store as JSON.
+- ``.metadata`` gets every item's storage location. Replicated tensors are written once per node
+  (each node's part must restore that node's ranks on its own), so an item may lie in several
+  files: ``.metadata`` points at the lowest rank's copy, as a job-wide DCP save would; the manifest
+  lists the other copies as ``alternates`` for the restore of each node.
+- A node commits its part by renaming its partial directory to ``step-N/`` with ``PART.json`` in it;
+  the decision then adds ``.metadata`` and ``manifest.json`` (written last). A single-node job writes
+  them before its one rename, as it always has.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -27,10 +34,11 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from ckptflow.storage import checksums, layout
 from ckptflow.storage.atomic import fsync_path, publish_dir, write_file_atomic
-from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest
+from ckptflow.storage.manifest import MANIFEST_NAME, Alternate, FileEntry, Manifest, NodePart
 from ckptflow.training_hooks.dcp_io import METADATA_NAME, WrittenFile
+from ckptflow.training_hooks.nodes import Topology
 
-REPORT_PREFIX = ".rank-report-"
+PART_NAME = "PART.json"  # a node's committed part, before (and after) the decision
 
 
 class FinalizeError(RuntimeError):
@@ -43,6 +51,34 @@ class RankReport:
     files: list[WrittenFile]
     results: list[WriteResult]
     write_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "write_s": self.write_s,
+            "files": [
+                {
+                    "path": f.path,
+                    "size": f.size,
+                    "checksum": f.checksum,
+                    "blocks": [list(b) for b in f.blocks],
+                }
+                for f in self.files
+            ],
+            "results": [_result_to_json(r) for r in self.results],
+        }
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> RankReport:
+        return cls(
+            rank=int(body["rank"]),
+            files=[
+                WrittenFile(f["path"], int(f["size"]), f["checksum"], tuple(tuple(b) for b in f["blocks"]))
+                for f in body["files"]
+            ],
+            results=[_result_from_json(r) for r in body["results"]],
+            write_s=float(body["write_s"]),
+        )
 
 
 def _result_to_json(result: WriteResult) -> dict[str, Any]:
@@ -68,126 +104,154 @@ def _result_from_json(raw: dict[str, Any]) -> WriteResult:
     )
 
 
-def report_path(partial_dir: Path, rank: int) -> Path:
-    return partial_dir / f"{REPORT_PREFIX}{rank}.json"
-
-
-def write_rank_report(partial_dir: Path, report: RankReport) -> None:
-    """Publish this rank's part of the checkpoint (atomically: the coordinator never sees half)."""
-    body = {
-        "rank": report.rank,
-        "write_s": report.write_s,
-        "files": [{"path": f.path, "size": f.size, "checksum": f.checksum} for f in report.files],
-        "results": [_result_to_json(r) for r in report.results],
-    }
-    write_file_atomic(report_path(partial_dir, report.rank), json.dumps(body).encode())
-
-
-def read_rank_report(partial_dir: Path, rank: int) -> RankReport | None:
-    path = report_path(partial_dir, rank)
-    try:
-        body = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    return RankReport(
-        rank=int(body["rank"]),
-        files=[WrittenFile(f["path"], int(f["size"]), f["checksum"]) for f in body["files"]],
-        results=[_result_from_json(r) for r in body["results"]],
-        write_s=float(body["write_s"]),
-    )
-
-
-def wait_for_reports(
-    partial_dir: Path,
-    world_size: int,
-    deadline: float,
-    clock: Callable[[], float] = time.monotonic,
-    poll_s: float = 0.02,
-) -> tuple[dict[int, RankReport], list[int]]:
-    """Collect every rank's report, polling until ``deadline`` (a ``clock()`` value).
-
-    Returns (reports by rank, ranks still missing at the deadline).
-    """
-    reports: dict[int, RankReport] = {}
-    while True:
-        for r in range(world_size):
-            if r not in reports:
-                found = read_rank_report(partial_dir, r)
-                if found is not None:
-                    reports[r] = found
-        missing = [r for r in range(world_size) if r not in reports]
-        if not missing or clock() >= deadline:
-            return reports, missing
-        time.sleep(poll_s)
-
-
-def mark_abandoned(partial_dir: Path, step: int, missing: list[int], deadline_s: float) -> None:
-    """Leave a marker saying why this attempt will never be published."""
-    body = {"step": step, "missing_ranks": missing, "deadline_s": deadline_s, "at": time.time()}
-    write_file_atomic(partial_dir / layout.ABANDONED_MARKER, json.dumps(body).encode())
-
-
-def write_dcp_metadata(partial_dir: Path, metadata: Metadata, reports: dict[int, RankReport]) -> WrittenFile:
-    """Write DCP's ``.metadata`` (with every rank's storage locations), fsynced; return its checksum."""
+def metadata_bytes(metadata: Metadata, reports: dict[int, RankReport]) -> tuple[bytes, list[Alternate]]:
+    """DCP's ``.metadata`` with every item's storage location (the lowest rank's copy of an item
+    written by several), and the other copies as manifest alternates."""
     storage: dict[MetadataIndex, _StorageInfo] = {}
+    alternates: list[Alternate] = []
     for rank in sorted(reports):
         for result in reports[rank].results:
-            storage[result.index] = result.storage_data
+            info: _StorageInfo = result.storage_data
+            if result.index in storage:
+                offset = None if result.index.offset is None else tuple(result.index.offset)
+                alternates.append(
+                    Alternate(result.index.fqn, offset, info.relative_path, info.offset, info.length)
+                )
+            else:
+                storage[result.index] = info
     metadata.storage_data = storage
     save_id = metadata.storage_meta.save_id if metadata.storage_meta else None
     # checkpoint_id would record the partial path, which is renamed away: leave it out.
     metadata.storage_meta = StorageMeta(checkpoint_id=None, save_id=save_id)
-    data = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
-    write_file_atomic(partial_dir / METADATA_NAME, data)
-    return WrittenFile(METADATA_NAME, len(data), checksums.checksum_bytes(data))
+    return pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL), alternates
 
 
 def build_manifest(
     *,
     run: str,
     step: int,
-    world_size: int,
     save_id: str,
+    topology: Topology,
     reports: dict[int, RankReport],
-    metadata_file: WrittenFile,
+    metadata: bytes,
+    alternates: list[Alternate],
     metrics: dict[str, float],
     versions: dict[str, str],
     stats: dict[str, float],
 ) -> Manifest:
     files = [
-        FileEntry(f.path, f.size, f.checksum, rank) for rank in sorted(reports) for f in reports[rank].files
+        FileEntry(f.path, f.size, f.checksum, rank, topology.node_of(rank), f.blocks)
+        for rank in sorted(reports)
+        for f in reports[rank].files
     ]
-    files.append(FileEntry(metadata_file.path, metadata_file.size, metadata_file.checksum, 0))
+    files.append(FileEntry(METADATA_NAME, len(metadata), checksums.checksum_bytes(metadata), 0, 0))
     return Manifest(
         run=run,
         step=step,
-        world_size=world_size,
+        world_size=topology.world_size,
         save_id=save_id,
         files=tuple(files),
         metrics=metrics,
         versions=versions,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         stats=stats,
+        nodes=tuple(
+            NodePart(index, topology.hosts[index], members) for index, members in enumerate(topology.nodes)
+        ),
+        alternates=tuple(alternates),
     )
+
+
+def _drop_leftovers(partial_dir: Path) -> None:
+    for lock in partial_dir.glob(f"{layout.LOCK_PREFIX}*"):
+        lock.unlink(missing_ok=True)
+
+
+def _make_room(final_dir: Path) -> None:
+    """A ``step-N/`` without a manifest (an undecided part of an earlier attempt, or what a killed
+    delete left) is not a checkpoint: move it aside so this attempt can be published."""
+    if final_dir.exists() and not (final_dir / MANIFEST_NAME).is_file():
+        doomed = final_dir.with_name(f"{final_dir.name}.deleting-{secrets.token_hex(4)}")
+        os.rename(final_dir, doomed)
+        fsync_path(final_dir.parent)
+        shutil.rmtree(doomed, ignore_errors=True)
 
 
 def commit(
     partial_dir: Path,
     final_dir: Path,
+    metadata: bytes,
     manifest: Manifest,
     on_phase: Callable[[str], None] = lambda _phase: None,
 ) -> bool:
-    """Write the manifest last, fsync, publish by rename. False if ``final_dir`` already existed."""
+    """Single node: ``.metadata`` and the manifest (last), fsync, publish by rename. False if
+    ``final_dir`` already holds a committed checkpoint."""
     on_phase("manifest")
-    for leftover in list(partial_dir.glob(f"{REPORT_PREFIX}*")) + list(
-        partial_dir.glob(f"{layout.LOCK_PREFIX}*")
-    ):
-        leftover.unlink(missing_ok=True)
+    _drop_leftovers(partial_dir)
+    write_file_atomic(partial_dir / METADATA_NAME, metadata)
     write_file_atomic(partial_dir / MANIFEST_NAME, manifest.to_json())
     fsync_path(partial_dir)
     on_phase("rename")
+    _make_room(final_dir)
     published = publish_dir(partial_dir, final_dir)
     if not published:
         # Someone committed this step first; ours is redundant. Never write into theirs.
         shutil.rmtree(partial_dir, ignore_errors=True)
     return published
+
+
+def part_record(
+    run: str, step: int, save_id: str, topology: Topology, reports: dict[int, RankReport]
+) -> dict:
+    """``PART.json``: what node ``topology.node`` committed for this save."""
+    return {
+        "format": "ckptflow.part",
+        "run": run,
+        "step": step,
+        "save_id": save_id,
+        "node": topology.node,
+        "host": topology.host,
+        "ranks": list(topology.node_ranks),
+        "world_size": topology.world_size,
+        "files": [
+            {"path": f.path, "size": f.size, "checksum": f.checksum}
+            for r in sorted(reports)
+            for f in reports[r].files
+        ],
+    }
+
+
+def commit_part(partial_dir: Path, final_dir: Path, record: dict[str, Any]) -> bool:
+    """Multi-node, first level: publish this node's part (``PART.json`` in it) as ``step-N/``.
+    False if this node already holds a committed checkpoint of the step."""
+    _drop_leftovers(partial_dir)
+    write_file_atomic(partial_dir / PART_NAME, json.dumps(record).encode())
+    fsync_path(partial_dir)
+    _make_room(final_dir)
+    return publish_dir(partial_dir, final_dir)
+
+
+def read_part(directory: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((directory / PART_NAME).read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def write_decision(directory: Path, metadata: bytes, manifest_json: bytes) -> None:
+    """Multi-node, second level: the decision made durable in a node's committed part
+    (``.metadata``, then the manifest last)."""
+    write_file_atomic(directory / METADATA_NAME, metadata)
+    write_file_atomic(directory / MANIFEST_NAME, manifest_json)
+    fsync_path(directory)
+
+
+def discard(directory: Path) -> None:
+    """Remove an abandoned attempt's directory: renamed aside first, so an interrupted removal
+    leaves a ``.deleting-`` name that restore clean-up finishes, never a half-deleted ``step-N``."""
+    if not directory.exists():
+        return
+    doomed = directory.with_name(f"{directory.name}.deleting-{secrets.token_hex(4)}")
+    os.rename(directory, doomed)
+    fsync_path(directory.parent)
+    shutil.rmtree(doomed, ignore_errors=True)

@@ -1,9 +1,12 @@
-"""One checkpoint save, from the staged copy to the committed directory (runs in the background).
+"""One checkpoint save, from the staged copy to the committed checkpoint (runs in the background).
 
-Every rank writes its shard files (checksummed while written, fsynced) and a report; the
-coordinator (rank 0) then waits for all reports until the deadline and commits: ``.metadata``,
-``manifest.json`` last, rename, parent fsync, catalog. See :mod:`.finalize` for why no collective
-is used here.
+Every rank writes its shard files into ``step-N.partial-<id>/`` on its own node's hot root
+(checksummed while written, fsynced) and reports them to its node's leader through the
+coordination store. The leader commits the node's part; the coordinator (rank 0) decides the
+checkpoint once every node's part is committed, or abandons it at the deadline naming the nodes and
+ranks that missed it; every leader makes the decision durable on its node (global manifest last) or
+removes its part. See :mod:`.commit_protocol` for the messages and :mod:`.finalize` for the files.
+No collective runs here: a straggler never blocks another rank's training loop.
 """
 
 from __future__ import annotations
@@ -24,15 +27,20 @@ from torch.distributed.checkpoint.planner import SavePlan
 
 import ckptflow
 from ckptflow.storage import layout
-from ckptflow.storage.manifest import manifest_checksum
+from ckptflow.storage.checksums import checksum_bytes
+from ckptflow.storage.manifest import MANIFEST_NAME, Manifest, parse_manifest
 from ckptflow.training_hooks import finalize
+from ckptflow.training_hooks.commit_protocol import ABANDONED, COMMITTED, CommitRound, Decision
+from ckptflow.training_hooks.coord_store import CoordinationStore, StoreUnavailable
 from ckptflow.training_hooks.dcp_io import make_writer
 from ckptflow.training_hooks.events import STAGED_EVENT, build_event
+from ckptflow.training_hooks.nodes import Topology
 from ckptflow.training_hooks.staging import wait_for
 
 log = logging.getLogger("ckptflow.save")
 
 PhaseHook = Callable[[str], None]
+STRAGGLER_WAIT_S = 600.0  # at least this long, a leader waits for its node's late writers to let go
 
 
 @dataclass
@@ -44,13 +52,16 @@ class SaveStats:
     stage_s: float = 0.0  # the training loop's stall: staging copy + planning
     plan_s: float = 0.0
     write_s: float = 0.0  # this rank's shard files, checksummed and fsynced
-    finalize_s: float = 0.0  # coordinator: waiting for ranks, metadata, manifest, rename
+    finalize_s: float = 0.0  # leader/coordinator: waiting for ranks and nodes, metadata, manifest
+    decision_s: float = 0.0  # coordinator: from the last node's part to the decision published
     total_s: float = 0.0  # from the stall's start to commit (coordinator) or report (others)
     bytes: int = 0  # bytes staged by this rank
     allocated_bytes: int = 0  # staging buffers this save had to allocate (0 once they are reserved)
     checkpoint_bytes: int = 0  # all files of the committed checkpoint (coordinator)
     outcome: str = "pending"  # committed | written | abandoned | failed | duplicate
     missing_ranks: list[int] = field(default_factory=list)
+    missing_nodes: list[int] = field(default_factory=list)
+    store_ops: int = 0  # round trips to the coordination store by this rank for this save
     error: str | None = None
 
     @property
@@ -66,20 +77,22 @@ class SaveJob:
     root: Path
     step: int
     save_id: str
-    rank: int
-    world_size: int
+    topology: Topology
+    store: CoordinationStore
     planner: DefaultSavePlanner
     plan: SavePlan
     metadata: Metadata
     staging_event: Any
     metrics: dict[str, float]
     deadline_s: float
+    grace_s: float
     stats: SaveStats
     on_phase: PhaseHook
     write_hook: Callable[[str], None] | None
     catalog: Any  # a CatalogHandle (coordinator) or None
     events: Any  # an EventPoster (coordinator) or None
     started: float  # time.monotonic() at the start of the stall
+    previous_save_id: str | None = None  # the coordinator deletes what that round left, if anything
 
     @property
     def partial_dir(self) -> Path:
@@ -95,78 +108,278 @@ def versions() -> dict[str, str]:
 
 
 def run_save_job(job: SaveJob) -> SaveStats:
-    """Write this rank's part; on the coordinator, also finalize. Raises on failure."""
+    """Write this rank's files and take its part in the commit. Raises on a local failure (a disk
+    error); coordination failures (a missed deadline, a lost store) end as ``abandoned``."""
     stats = job.stats
     wait_for(job.staging_event)
     job.on_phase("writing")
-    if job.rank == 0 and job.catalog is not None:
-        job.catalog.call("record_writing", job.run, job.step, job.save_id, job.world_size)
+    topology = job.topology
+    if topology.is_coordinator and job.catalog is not None:
+        job.catalog.call("record_writing", job.run, job.step, job.save_id, topology.world_size)
+    round_ = CommitRound(job.store, topology, job.run, job.save_id, job.started + job.deadline_s, job.grace_s)
+    ops_before = job.store.ops
+    if topology.is_coordinator and job.previous_save_id is not None:
+        # Normally the previous round deleted itself; after a node died mid-round it could not.
+        try:
+            CommitRound(job.store, topology, job.run, job.previous_save_id, 0.0, 0.0).forget_round()
+        except StoreUnavailable as exc:
+            log.warning("could not delete the keys of save %s: %s", job.previous_save_id, exc)
     partial = job.partial_dir
     partial.mkdir(parents=True, exist_ok=True)
-    with ExitStack() as stack:
-        # The coordinator holds its lock until the commit, so no cleanup can take the directory.
-        stack.enter_context(layout.writer_lock(partial, job.rank))
-        t0 = time.perf_counter()
-        writer, fs = make_writer(partial, job.write_hook)
-        writer.set_up_storage_writer(job.rank == 0, rank=job.rank, use_collectives=True)
-        results = writer.write_data(job.plan, job.planner).wait()
-        stats.write_s = time.perf_counter() - t0
-        finalize.write_rank_report(partial, finalize.RankReport(job.rank, fs.written, results, stats.write_s))
-        if job.rank != 0:
-            stack.close()
-            stats.outcome = "written"
-            stats.total_s = time.monotonic() - job.started
-            return stats
-        _finalize(job, stats)
+    try:
+        with ExitStack() as stack:
+            # Held until this rank has reported (a leader: until its part is committed), so clean-up
+            # of an abandoned attempt never removes files a live rank is still writing.
+            stack.enter_context(layout.writer_lock(partial, topology.rank))
+            t0 = time.perf_counter()
+            writer, fs = make_writer(partial, job.write_hook)
+            writer.set_up_storage_writer(topology.is_coordinator, rank=topology.rank, use_collectives=True)
+            results = writer.write_data(job.plan, job.planner).wait()
+            files = fs.finish(results)
+            stats.write_s = time.perf_counter() - t0
+            report = finalize.RankReport(topology.rank, files, results, stats.write_s)
+            if not topology.is_leader:
+                _report_to_leader(job, round_, report, stats)
+                return stats
+            _lead_node(job, round_, report, stats, stack)
+    except StoreUnavailable as exc:
+        _abandon(job, stats, f"the coordination store is unreachable ({exc})", [], [])
+        _clean_up(job, round_, quiet=True)
+    finally:
+        stats.store_ops = job.store.ops - ops_before
     return stats
 
 
-def _finalize(job: SaveJob, stats: SaveStats) -> None:
+def _report_to_leader(
+    job: SaveJob, round_: CommitRound, report: finalize.RankReport, stats: SaveStats
+) -> None:
+    # A rank finishing after the deadline asks first: if the checkpoint is already abandoned, its
+    # report would only be a key nobody reads (its leader removes the files once it lets go).
+    if round_.past_deadline():
+        decision = round_.decision_if_made()
+        if decision is not None and decision.outcome == ABANDONED:
+            stats.outcome = ABANDONED
+            stats.total_s = time.monotonic() - job.started
+            log.warning(
+                "step %d: rank %d finished after the checkpoint was abandoned", job.step, job.topology.rank
+            )
+            return
+    round_.publish_report(report.to_json())
+    stats.outcome = "written"
+    stats.total_s = time.monotonic() - job.started
+
+
+def _lead_node(
+    job: SaveJob, round_: CommitRound, own: finalize.RankReport, stats: SaveStats, locks: ExitStack
+) -> None:
+    topology = job.topology
     t0 = time.perf_counter()
     job.on_phase("waiting")
-    deadline = job.started + job.deadline_s
-    reports, missing = finalize.wait_for_reports(job.partial_dir, job.world_size, deadline)
-    if missing:
-        finalize.mark_abandoned(job.partial_dir, job.step, missing, job.deadline_s)
-        stats.outcome = "abandoned"
-        stats.missing_ranks = missing
+    others, missing = round_.collect_node()
+    reports = {own.rank: own, **{r: finalize.RankReport.from_json(body) for r, body in others.items()}}
+    if missing or round_.past_deadline():
+        late = missing or list(topology.node_ranks)
+        where = topology.describe_node(topology.node)
+        reason = f"{_ranks_text(late)} of {where} missed the {job.deadline_s:g} s deadline"
+        if topology.node_count == 1:
+            _abandon(job, stats, reason, [topology.node], late)
+            round_.publish_decision(Decision(ABANDONED, reason, [topology.node], late))
+        else:
+            round_.publish_part({"node": topology.node, "missing_ranks": late})
+            if topology.is_coordinator:
+                _decide(job, round_, {}, stats)  # abandons, naming every node that missed the deadline
+            _follow(job, round_, stats, part_committed=False)
+        locks.close()
+        _clean_up(job, round_)
+        if topology.node_count == 1:
+            round_.forget_round()  # stragglers have let go: nobody reads the abandoned decision any more
         stats.finalize_s = time.perf_counter() - t0
-        reason = f"ranks {missing} missed the {job.deadline_s:g} s deadline"
-        log.warning("checkpoint step %d ABANDONED: %s; training continues", job.step, reason)
-        if job.catalog is not None:
-            job.catalog.call("record_abandoned", job.run, job.step, job.save_id, reason)
         return
-    metadata_file = finalize.write_dcp_metadata(job.partial_dir, job.metadata, reports)
+    if topology.node_count == 1:
+        _commit_single_node(job, reports, stats)
+        locks.close()
+    else:
+        record = finalize.part_record(job.run, job.step, job.save_id, topology, reports)
+        if not finalize.commit_part(job.partial_dir, job.final_dir, record):
+            raise finalize.FinalizeError(
+                f"{job.final_dir} already holds a committed checkpoint of step {job.step}"
+            )
+        locks.close()
+        job.on_phase("part committed")
+        round_.publish_part(
+            {"node": topology.node, "reports": {r: rep.to_json() for r, rep in reports.items()}}
+        )
+        if topology.is_coordinator:
+            _decide(job, round_, reports, stats)
+        _follow(job, round_, stats, part_committed=True)
+        if stats.outcome != COMMITTED:
+            _clean_up(job, round_)
+    stats.finalize_s = time.perf_counter() - t0
+
+
+def _decide(
+    job: SaveJob, round_: CommitRound, own_reports: dict[int, finalize.RankReport], stats: SaveStats
+) -> None:
+    """The coordinator: every node's part by the deadline -> committed, else abandoned."""
+    topology = job.topology
+    parts, absent = round_.collect_parts()
+    arrived = time.perf_counter()
+    reports = dict(own_reports)
+    late_nodes, late_ranks = list(absent), [r for k in absent for r in topology.nodes[k]]
+    if not own_reports:
+        late_nodes.insert(0, topology.node)
+    for node, part in sorted(parts.items()):
+        if "missing_ranks" in part:
+            late_nodes.append(node)
+            late_ranks.extend(part["missing_ranks"])
+        else:
+            reports.update(
+                {int(r): finalize.RankReport.from_json(body) for r, body in part["reports"].items()}
+            )
+    if not own_reports:
+        late_ranks = list(topology.node_ranks) + late_ranks  # the coordinator's own node was late
+    if late_nodes or round_.past_deadline():
+        late_nodes = sorted(set(late_nodes)) or [topology.node]
+        late_ranks = sorted(set(late_ranks)) or list(topology.node_ranks)
+        names = "; ".join(topology.describe_node(k) for k in late_nodes)
+        reason = f"{names} missed the {job.deadline_s:g} s deadline (ranks {late_ranks})"
+        round_.publish_decision(Decision(ABANDONED, reason, late_nodes, late_ranks))
+        return
+    metadata, manifest = _build(job, reports)
+    round_.publish_decision(
+        Decision(COMMITTED, body={"metadata": metadata.hex(), "manifest": manifest.to_json().decode()})
+    )
+    stats.decision_s = time.perf_counter() - arrived
+    stats.checkpoint_bytes = manifest.total_bytes
+
+
+def _follow(job: SaveJob, round_: CommitRound, stats: SaveStats, part_committed: bool) -> None:
+    """Every leader: make the decision durable on this node, or take the part back."""
+    decision = round_.await_decision()
+    topology = job.topology
+    if decision is None:
+        reason = f"no decision from the coordinator within the deadline + {job.grace_s:g} s grace"
+        _abandon(job, stats, reason, [], [])
+        round_.forget_part()
+        return
+    if decision.outcome == COMMITTED and part_committed:
+        metadata = bytes.fromhex(decision.body["metadata"])
+        manifest_json = decision.body["manifest"].encode()
+        job.on_phase("manifest")
+        finalize.write_decision(job.final_dir, metadata, manifest_json)
+        if not topology.is_coordinator:
+            round_.acknowledge()
+        stats.outcome = COMMITTED
+        stats.total_s = time.monotonic() - job.started
+        if topology.is_coordinator:
+            # The staged event starts every node's promotion: first every node must hold the manifest.
+            unconfirmed = round_.await_acks([k for k in range(topology.node_count) if k != topology.node])
+            if unconfirmed:
+                log.warning(
+                    "step %d committed, but %s did not confirm writing the decision; restore repairs it",
+                    job.step,
+                    "; ".join(topology.describe_node(k) for k in unconfirmed),
+                )
+            round_.acknowledge()
+            _after_commit(job, stats, metadata, manifest_json)
+        return
+    round_.acknowledge()
+    _abandon(job, stats, decision.reason or "abandoned", decision.missing_nodes, decision.missing_ranks)
+
+
+def _commit_single_node(job: SaveJob, reports: dict[int, finalize.RankReport], stats: SaveStats) -> None:
+    t0 = time.perf_counter()
+    metadata, manifest = _build(job, reports)
+    stats.decision_s = time.perf_counter() - t0
+    if not finalize.commit(job.partial_dir, job.final_dir, metadata, manifest, job.on_phase):
+        stats.outcome = "duplicate"
+        log.warning("step %d was already committed by another save; this copy was discarded", job.step)
+        return
+    stats.outcome = COMMITTED
+    stats.total_s = time.monotonic() - job.started
+    stats.checkpoint_bytes = manifest.total_bytes
+    _after_commit(job, stats, metadata, manifest.to_json())
+
+
+def _build(job: SaveJob, reports: dict[int, finalize.RankReport]) -> tuple[bytes, Manifest]:
+    metadata, alternates = finalize.metadata_bytes(job.metadata, reports)
     write_s = max(r.write_s for r in reports.values())
     manifest = finalize.build_manifest(
         run=job.run,
         step=job.step,
-        world_size=job.world_size,
         save_id=job.save_id,
+        topology=job.topology,
         reports=reports,
-        metadata_file=metadata_file,
+        metadata=metadata,
+        alternates=alternates,
         metrics=job.metrics,
         versions=versions(),
-        stats={"stage_s": round(stats.stage_s, 6), "write_s": round(write_s, 6)},
+        stats={"stage_s": round(job.stats.stage_s, 6), "write_s": round(write_s, 6)},
     )
-    published = finalize.commit(job.partial_dir, job.final_dir, manifest, job.on_phase)
-    stats.finalize_s = time.perf_counter() - t0
-    stats.checkpoint_bytes = manifest.total_bytes
-    if not published:
-        stats.outcome = "duplicate"
-        log.warning("step %d was already committed by another save; this copy was discarded", job.step)
-        return
-    stats.outcome = "committed"
+    return metadata, manifest
+
+
+def _abandon(job: SaveJob, stats: SaveStats, reason: str, nodes: list[int], ranks: list[int]) -> None:
+    stats.outcome = ABANDONED
+    stats.missing_nodes, stats.missing_ranks = list(nodes), list(ranks)
     stats.total_s = time.monotonic() - job.started
+    if job.topology.is_coordinator:
+        log.warning("checkpoint step %d ABANDONED: %s; training continues", job.step, reason)
+        if job.catalog is not None:
+            job.catalog.call("record_abandoned", job.run, job.step, job.save_id, reason)
+    else:
+        log.warning(
+            "step %d abandoned on %s: %s", job.step, job.topology.describe_node(job.topology.node), reason
+        )
+
+
+def _clean_up(job: SaveJob, round_: CommitRound, quiet: bool = False) -> None:
+    """A leader removes this node's files of an abandoned attempt, once no rank writes them."""
+    if not job.topology.is_leader:
+        return
+    # A live straggler still writing keeps its rank busy, so no new save starts before it finishes
+    # anyway: waiting for it costs nothing. A dead one's lock is gone with its process.
+    give_up = time.monotonic() + max(STRAGGLER_WAIT_S, 10 * job.deadline_s)
+    while layout.someone_writes(job.partial_dir) and time.monotonic() < give_up:
+        time.sleep(0.05)
+    finalize.discard(job.partial_dir)
+    record = finalize.read_part(job.final_dir)
+    if (
+        record is not None
+        and record.get("save_id") == job.save_id
+        and not (job.final_dir / MANIFEST_NAME).exists()
+    ):
+        finalize.discard(job.final_dir)
+    try:
+        round_.forget_node_reports()
+    except StoreUnavailable:
+        if not quiet:
+            log.warning("step %d: could not delete this node's report keys (store unreachable)", job.step)
+
+
+def _after_commit(job: SaveJob, stats: SaveStats, metadata: bytes, manifest_json: bytes) -> None:
+    """The coordinator, once the checkpoint is decided: catalog row, outbox, staged event."""
+    manifest = parse_manifest(manifest_json, where=f"{job.final_dir / MANIFEST_NAME}")
     job.on_phase("catalog")
-    checksum = manifest_checksum(job.final_dir)
+    topology = job.topology
+    nodes = [
+        {
+            "node": k,
+            "host": topology.hosts[k],
+            "hot_uri": str(job.final_dir),
+            "files": [f.path for f in manifest.part_files(k)],
+            "bytes": manifest.part_bytes(k),
+        }
+        for k in range(topology.node_count)
+    ]
     payload = {
         "run": job.run,
         "step": job.step,
         "hot_uri": str(job.final_dir),
         "bytes": manifest.total_bytes,
         "file_count": len(manifest.files),
-        "manifest_checksum": checksum,
+        "manifest_checksum": checksum_bytes(manifest_json),
+        "nodes": nodes,
     }
     if job.catalog is not None:
         job.catalog.call(
@@ -174,8 +387,8 @@ def _finalize(job: SaveJob, stats: SaveStats) -> None:
             job.run,
             job.step,
             job.save_id,
-            world_size=job.world_size,
-            manifest_checksum=checksum,
+            world_size=topology.world_size,
+            manifest_checksum=payload["manifest_checksum"],
             bytes=manifest.total_bytes,
             file_count=len(manifest.files),
             metrics=job.metrics,
@@ -185,27 +398,20 @@ def _finalize(job: SaveJob, stats: SaveStats) -> None:
         )
     if job.events is not None:
         job.on_phase("event")
-        _announce(job, payload if job.catalog is not None else None, manifest)
+        _announce(job, payload)
     log.info(
-        "checkpoint step %d committed: %d files, %.1f MB, stall %.3f s, write %.2f s, total %.2f s",
+        "checkpoint step %d committed on %d node(s): %d files, %.1f MB, stall %.3f s, total %.2f s",
         job.step,
+        topology.node_count,
         len(manifest.files),
         manifest.total_bytes / 1e6,
         stats.stage_s,
-        write_s,
         stats.total_s,
     )
 
 
-def _announce(job: SaveJob, payload_in_outbox: dict[str, Any] | None, manifest: Any) -> None:
+def _announce(job: SaveJob, payload: dict[str, Any]) -> None:
     """Emit the staged event; mark the outbox row delivered only when the server confirmed it."""
-    payload = payload_in_outbox or {
-        "run": job.run,
-        "step": job.step,
-        "hot_uri": str(job.final_dir),
-        "bytes": manifest.total_bytes,
-        "file_count": len(manifest.files),
-    }
     event = build_event(STAGED_EVENT, job.run, job.step, job.save_id, payload)
     if not job.events.post([event]) or job.catalog is None:
         return
@@ -213,3 +419,7 @@ def _announce(job: SaveJob, payload_in_outbox: dict[str, Any] | None, manifest: 
     for row in pending:
         if row.kind == STAGED_EVENT and row.run == job.run and row.step == job.step:
             job.catalog.call("mark_delivered", row.id)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"

@@ -68,29 +68,32 @@ class HostStager:
         self._buffers[path] = buf
         return buf, buf.numel() * buf.element_size()
 
-    def _copy_tensor(self, path: Path, src: torch.Tensor, counters: _Counters) -> torch.Tensor:
+    def _copy_tensor(
+        self, path: Path, src: torch.Tensor, counters: _Counters, fill: bool = True
+    ) -> torch.Tensor:
         if isinstance(src, DTensor):
-            local = self._copy_tensor(path + ("<local>",), src.to_local(), counters)
+            local = self._copy_tensor(path + ("<local>",), src.to_local(), counters, fill)
             return DTensor.from_local(
                 local, src.device_mesh, src.placements, run_check=False, shape=src.shape, stride=src.stride()
             )
         src = src.detach()
         buf, fresh = self._buffer_for(path, src)
-        buf.copy_(src, non_blocking=src.is_cuda)
+        if fill:
+            buf.copy_(src, non_blocking=src.is_cuda)
         counters.bytes += buf.numel() * buf.element_size()
         counters.reallocated += fresh
         counters.used.add(path)
         return buf
 
-    def _walk(self, obj: Any, path: Path, counters: _Counters) -> Any:
+    def _walk(self, obj: Any, path: Path, counters: _Counters, fill: bool = True) -> Any:
         if isinstance(obj, torch.Tensor):
-            return self._copy_tensor(path, obj, counters)
+            return self._copy_tensor(path, obj, counters, fill)
         if isinstance(obj, dict):
-            return {k: self._walk(v, path + (k,), counters) for k, v in obj.items()}
+            return {k: self._walk(v, path + (k,), counters, fill) for k, v in obj.items()}
         if isinstance(obj, list):
-            return [self._walk(v, path + (i,), counters) for i, v in enumerate(obj)]
+            return [self._walk(v, path + (i,), counters, fill) for i, v in enumerate(obj)]
         if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-            return tuple(self._walk(v, path + (i,), counters) for i, v in enumerate(obj))
+            return tuple(self._walk(v, path + (i,), counters, fill) for i, v in enumerate(obj))
         # Scalars, strings, RNG states: small, and copied so later mutation cannot leak in.
         return copy.deepcopy(obj)
 
@@ -107,6 +110,17 @@ class HostStager:
                 buf.zero_()  # first touch: the page faults happen here, not in the first save's stall
             fresh_bytes += fresh
         return fresh_bytes
+
+    def shadow(self, state_dict: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """A twin of ``state_dict`` whose tensors are the staging buffers (allocated if needed, not
+        copied into): restore loads a checkpoint into it, so a load that fails part-way never
+        touches the live tensors, and the buffers are then ready for the first save.
+
+        Returns (twin, bytes newly allocated). Non-tensor values are copied.
+        """
+        counters = _Counters()
+        twin = self._walk(state_dict, (), counters, fill=False)
+        return twin, counters.reallocated
 
     def stage(self, state_dict: dict[str, Any]) -> StageResult:
         """Copy every tensor of ``state_dict`` into the reused buffers; return the staged twin."""

@@ -43,7 +43,14 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from ckptflow.training_hooks import Cadence, Checkpointer, CheckpointSaveError, ModelState, RNGState
+from ckptflow.training_hooks import (
+    Cadence,
+    Checkpointer,
+    CheckpointOptions,
+    CheckpointSaveError,
+    ModelState,
+    RNGState,
+)
 
 ROWS, COLS = 10, 5  # 10 rows: even on 2 ranks (5, 5), uneven on 3 (4, 4, 2)
 SAVE_STEP = 7
@@ -260,8 +267,7 @@ def mode_loop(
         run=RUN,
         root=args.root,
         cadence=Cadence.every_steps(every),
-        on_busy="skip",
-        deadline_s=deadline_s,
+        options=CheckpointOptions(on_busy="skip", deadline_s=deadline_s),
         write_hook=hook,
         on_phase=lambda phase: done.append(1) if phase == "done" else None,
     )
@@ -308,7 +314,7 @@ def mode_resave(args: argparse.Namespace) -> dict[str, Any]:
     """
     holder = RankValue(args.rank)
     hook = SlowWrites(2.0) if args.rank == 1 else None  # only the first attempt is late
-    ckpt = Checkpointer(run=RUN, root=args.root, deadline_s=1.0, write_hook=hook)
+    ckpt = Checkpointer(run=RUN, root=args.root, options=CheckpointOptions(deadline_s=1.0), write_hook=hook)
     holder.value.fill_(1.0)
     ckpt.save(4, {"v": holder})
     ckpt.wait()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ckptflow.training_hooks import Checkpointer, ModelState
+from ckptflow.training_hooks import Checkpointer, CheckpointOptions, ModelState
 from ckptflow.training_hooks.staging import HostStager
 
 
@@ -97,7 +97,7 @@ def test_a_fresh_start_reserves_nothing_and_leaves_the_optimizer_untouched(tmp_p
 def test_reserve_staging_false_defers_allocation_to_the_first_save(tmp_path: Path):
     _save_after_one_step(tmp_path / "hot", "deferred")
     _, state = _adam_state(_model())
-    with Checkpointer("deferred", tmp_path / "hot", reserve_staging=False) as ckpt:
+    with Checkpointer("deferred", tmp_path / "hot", options=CheckpointOptions(reserve_staging=False)) as ckpt:
         assert ckpt.restore(state) == 10
         assert ckpt.stats.restore is not None and ckpt.stats.restore.reserved_bytes == 0
         assert ckpt.save(20, state)

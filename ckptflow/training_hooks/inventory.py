@@ -1,0 +1,155 @@
+"""What each node holds, and which checkpoint the job can restore from it (pure functions).
+
+At restore every node's leader lists its own hot root (:func:`scan_node`); the ranks exchange the
+lists, and every rank then computes the same answer from the same lists (:func:`candidates`,
+:func:`manifest_holder`): the newest step whose decision is recorded somewhere (a node's
+``manifest.json``, or a colder tier holding it) is tried first. Whether every rank can actually
+read what it needs is decided after planning, per rank, in :mod:`.restore`.
+
+"Not on this node" is never corruption: a node that lacks a part simply does not list it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ckptflow.storage import checksums, layout
+from ckptflow.storage.manifest import MANIFEST_NAME, ManifestError, UnsupportedManifestError, read_manifest
+from ckptflow.training_hooks.finalize import PART_NAME, read_part
+
+# Files in a step directory that are not checkpoint data: never counted as held files.
+_MARKERS = frozenset({MANIFEST_NAME, PART_NAME})
+FETCH_TMP_MARK = ".fetch-"  # a download in progress (or killed): ``.<name>.fetch-<id>``
+
+
+@dataclass(frozen=True)
+class StepHolding:
+    """One ``step-N/`` directory on one node."""
+
+    step: int
+    decided: str | None  # CRC64NVME of manifest.json's bytes, None without a manifest
+    files: dict[str, int]  # data files present: path -> size
+    part_save_id: str | None = None  # PART.json's save id (a node's part of a multi-node save)
+    damage: str | None = None  # a file this directory must hold is missing, truncated or outside it
+
+
+@dataclass
+class NodeInventory:
+    node: int
+    steps: dict[int, StepHolding] = field(default_factory=dict)
+
+    def holds(self, step: int, path: str, size: int) -> bool:
+        holding = self.steps.get(step)
+        return holding is not None and holding.files.get(path) == size
+
+
+def scan_node(root: Path, node: int) -> NodeInventory:
+    """List ``root`` (this node's hot root): every ``step-N/`` directory, its files and sizes, and
+    the CRC of its manifest if it has one. Reads only manifests (small), never data files."""
+    inventory = NodeInventory(node)
+    for entry in layout.scan(root):
+        if entry.kind not in ("committed", "incomplete"):
+            continue
+        files: dict[str, int] = {}
+        for dirpath, _dirs, names in os.walk(entry.path):
+            for name in names:
+                rel = os.path.relpath(os.path.join(dirpath, name), entry.path)
+                if rel in _MARKERS or FETCH_TMP_MARK in name or name.startswith(layout.LOCK_PREFIX):
+                    continue
+                try:
+                    files[rel] = os.stat(os.path.join(dirpath, name)).st_size
+                except FileNotFoundError:
+                    continue
+        decided = None
+        if entry.kind == "committed":
+            try:
+                decided = checksums.checksum_bytes((entry.path / MANIFEST_NAME).read_bytes())
+            except OSError:
+                decided = None
+        part = read_part(entry.path)
+        damage = _damage(entry.path, files, part, decided is not None)
+        inventory.steps[entry.step] = StepHolding(
+            entry.step, decided, files, None if part is None else str(part.get("save_id")), damage
+        )
+    return inventory
+
+
+def _damage(directory: Path, files: dict[str, int], part: dict | None, decided: bool) -> str | None:
+    """What is wrong with the files this directory must hold, if anything: its own part (PART.json)
+    or, for a checkpoint saved by one node, every file of the manifest. Files of other nodes' parts
+    are not expected here: their absence is not damage."""
+    expected: dict[str, int] = {}
+    if part is not None:
+        expected = {str(f["path"]): int(f["size"]) for f in part.get("files", [])}
+    elif decided:
+        try:
+            manifest = read_manifest(directory)
+        except UnsupportedManifestError:
+            return None  # a newer format is not damage: restore stops on it, naming it
+        except ManifestError as exc:
+            return f"{MANIFEST_NAME}: manifest ({exc})"
+        if len(manifest.nodes) <= 1:
+            expected = {f.path: f.size for f in manifest.files}
+    for path, size in sorted(expected.items()):
+        if path not in files:
+            return f"{path}: missing (file not found)"
+        if files[path] != size:
+            return f"{path}: size ({files[path]} bytes, the manifest says {size})"
+        if not (directory / path).resolve().is_relative_to(directory.resolve()):
+            return f"{path}: outside (resolves outside the checkpoint directory)"
+    return None
+
+
+def candidates(
+    inventories: list[NodeInventory], tier_steps: dict[str, list[int]], exhausted: set[int]
+) -> list[int]:
+    """Steps with a recorded decision on some node or on some tier, newest first."""
+    steps = {s for inv in inventories for s, h in inv.steps.items() if h.decided is not None}
+    steps |= {s for listed in tier_steps.values() for s in listed}
+    return sorted(steps - exhausted, reverse=True)
+
+
+@dataclass(frozen=True)
+class ManifestSource:
+    """Where every rank gets step N's manifest and ``.metadata`` from."""
+
+    node: int | None  # a node that holds both, or None: a tier
+    tier: str | None
+    conflict: str | None = None  # two nodes hold different decided manifests
+
+
+def manifest_holder(
+    inventories: list[NodeInventory], tier_steps: dict[str, list[int]], step: int
+) -> ManifestSource:
+    """The lowest node holding step's decided manifest and ``.metadata``; else the first tier."""
+    decided = {
+        inv.node: inv.steps[step].decided
+        for inv in inventories
+        if step in inv.steps and inv.steps[step].decided is not None
+    }
+    if len(set(decided.values())) > 1:
+        detail = ", ".join(f"node {n}: {crc}" for n, crc in sorted(decided.items()))
+        return ManifestSource(None, None, f"nodes hold different manifests for step {step} ({detail})")
+    for inv in sorted(inventories, key=lambda i: i.node):
+        holding = inv.steps.get(step)
+        if holding is not None and holding.decided is not None and ".metadata" in holding.files:
+            return ManifestSource(inv.node, None)
+    for tier, listed in tier_steps.items():
+        if step in listed:
+            return ManifestSource(None, tier)
+    return ManifestSource(None, None)
+
+
+def undecided_parts(
+    inventories: list[NodeInventory], tier_steps: dict[str, list[int]], node: int
+) -> list[int]:
+    """Steps node ``node`` holds without a decision while no node and no tier has one: parts of
+    attempts that never got decided (a crash mid-save). Their node removes them."""
+    decided = {s for inv in inventories for s, h in inv.steps.items() if h.decided is not None}
+    decided |= {s for listed in tier_steps.values() for s in listed}
+    mine = next((inv for inv in inventories if inv.node == node), None)
+    if mine is None:
+        return []
+    return sorted(s for s, h in mine.steps.items() if h.decided is None and s not in decided)
