@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ckptflow.storage import checksums
+from ckptflow.storage import checksums, layout
 from ckptflow.storage.atomic import fsync_path, fsync_tree, publish_dir, write_file_atomic
 from ckptflow.storage.manifest import (
     MANIFEST_NAME,
@@ -304,14 +304,22 @@ class S3Tier:
         partial.mkdir(parents=True)
         stop = threading.Event()
         try:
-            files, ranges = self._pools("fetch")
-            with files, ranges:
-                mover = FileMover(self.s3, self.part_size, None, ranges, stop, progress)
-                jobs = [
-                    files.submit(mover.download, base + e.path, e, partial / e.path) for e in manifest.files
-                ]
-                wait_all(jobs, stop)
-            write_file_atomic(partial / MANIFEST_NAME, manifest_bytes)  # last, as on every tier
+            # Held while downloading, as PosixTier.fetch does: start-up clean-up of this root
+            # (layout.remove_stale_partials) must see a live writer, not a stale partial directory.
+            with layout.writer_lock(partial, 0):
+                files, ranges = self._pools("fetch")
+                with files, ranges:
+                    mover = FileMover(self.s3, self.part_size, None, ranges, stop, progress)
+                    jobs = [
+                        files.submit(mover.download, base + e.path, e, partial / e.path)
+                        for e in manifest.files
+                    ]
+                    wait_all(jobs, stop)
+                write_file_atomic(partial / MANIFEST_NAME, manifest_bytes)  # last, as on every tier
+                # The lock file must not be published; removing it touches the directory, so the
+                # clean-up's minimum age still covers the moment until the rename.
+                for lock in partial.glob(f"{layout.LOCK_PREFIX}*"):
+                    lock.unlink()
             fsync_tree(partial)
             if not publish_dir(partial, dest):
                 raise TierError(f"{self.name}: {dest} appeared while fetching; not overwritten")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptflow.storage import checksums
+from ckptflow.storage import checksums, layout
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.s3_tier import S3Tier
@@ -302,6 +302,25 @@ def test_fetch_round_trips_byte_identical(tier: Tier, source: tuple[Path, Manife
     assert sum(seen) == manifest.total_bytes
     assert local_files(dest) == local_files(directory)  # every file and the manifest, byte for byte
     assert [p.name for p in dest.parent.iterdir()] == [dest.name]  # no partial left next to it
+
+
+def test_a_live_fetch_survives_start_up_cleanup(tier: Tier, tmp_path: Path) -> None:
+    # A restore (or an agent) removes stale partial directories of the root it starts in; a fetch
+    # into that root that is still downloading must be recognised as live (its writer lock held).
+    directory, manifest = make_checkpoint(tmp_path / "src", STEP, {BIG_FILE: BIG_SIZE, ".metadata": 2_000})
+    tier.put(directory, manifest)
+    root = tmp_path / "restore"
+    dest = root / f"step-{STEP}"
+    removed: list[list[Path]] = []
+
+    def clean_up_mid_fetch(nbytes: int) -> None:
+        if not removed:  # the first progress report: the fetch is under way
+            removed.append(layout.remove_stale_partials(root, min_age_s=0.0))
+
+    tier.fetch(RUN, STEP, dest, progress=clean_up_mid_fetch)
+    assert removed == [[]], "start-up clean-up removed a fetch that was still downloading"
+    assert local_files(dest) == local_files(directory)
+    assert [p.name for p in root.iterdir()] == [dest.name]  # and no lock file or partial left behind
 
 
 def test_fetch_refuses_an_existing_destination_and_a_missing_step(
