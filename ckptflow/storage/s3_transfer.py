@@ -14,7 +14,8 @@ aborted and redone from scratch once. (Part checksums cannot be compared up fron
 ListParts does not return them.) Older incomplete uploads of the same key are aborted.
 
 Download: one GET, or ranged GETs in parallel for big files, each range CRC'd while streaming and
-written in place; the folded CRC must equal the manifest's.
+written in place (a short write is completed, never left as a hole); the folded CRC must equal the
+manifest's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -82,6 +84,22 @@ def pread_exact(fd: int, offset: int, length: int, path: Path) -> bytes:
     return data
 
 
+def pwrite_exact(
+    fd: int, data: bytes, offset: int, path: Path, pwrite: Callable[[int, Any, int], int] = os.pwrite
+) -> None:
+    """Write all of ``data`` at ``offset``; ``pwrite`` may write less than asked (a short write).
+
+    POSIX allows a short write (a signal, a nearly full disk, some network filesystems); the rest is
+    written by the next call. One that writes nothing is an error (TierError), not a loop forever.
+    """
+    view, done = memoryview(data), 0
+    while done < len(view):
+        written = pwrite(fd, view[done:], offset + done)
+        if written <= 0:
+            raise TierError(f"writing {path} at offset {offset + done}: the write stored no bytes")
+        done += written
+
+
 def put_checked(bucket: S3Bucket, key: str, data: bytes, entry: FileEntry, storage_class: str | None) -> None:
     """One PutObject carrying ``entry``'s CRC64NVME (the server checks it), then prove it stored."""
     extra = {"StorageClass": storage_class} if storage_class else {}
@@ -106,7 +124,10 @@ def check_local(bucket: S3Bucket, path: Path, entry: FileEntry, crc: int) -> Non
 
 
 class FileMover:
-    """Uploads and downloads whole files for one put or fetch; parts run on ``pool``."""
+    """Uploads and downloads whole files for one put or fetch; parts run on ``pool``.
+
+    ``pwrite`` (default ``os.pwrite``) writes downloaded bytes; short writes are completed.
+    """
 
     def __init__(
         self,
@@ -116,8 +137,10 @@ class FileMover:
         pool: ThreadPoolExecutor,
         stop: threading.Event,
         progress: Progress | None,
+        pwrite: Callable[[int, Any, int], int] = os.pwrite,
     ) -> None:
         self.bucket = bucket
+        self.pwrite = pwrite  # how downloads write; tests pass one that writes short
         self.part_size = part_size
         self.storage_class = storage_class
         self.pool = pool  # its tasks never wait on other tasks, so file tasks may wait on them
@@ -277,7 +300,9 @@ class FileMover:
                 spans = [(0, entry.size, False)]
             else:
                 spans = [(off, length, True) for _, off, length in self._spans(entry.size)]
-            pieces = wait_all([self.pool.submit(self._range, key, entry, fd, s) for s in spans], self.stop)
+            pieces = wait_all(
+                [self.pool.submit(self._range, key, entry, fd, target, s) for s in spans], self.stop
+            )
             received = sum(length for _, length in pieces)
             crc = checksums.encode(checksums.combine(pieces))
             if received != entry.size or crc != entry.checksum:
@@ -291,7 +316,9 @@ class FileMover:
         finally:
             os.close(fd)
 
-    def _range(self, key: str, entry: FileEntry, fd: int, span: tuple[int, int, bool]) -> tuple[int, int]:
+    def _range(
+        self, key: str, entry: FileEntry, fd: int, target: Path, span: tuple[int, int, bool]
+    ) -> tuple[int, int]:
         """Download one byte range (or the whole object), CRC it while streaming; (crc, length)."""
         from botocore.exceptions import BotoCoreError
 
@@ -309,7 +336,7 @@ class FileMover:
         try:
             while chunk := body.read(READ_CHUNK):
                 crc = checksums.crc64nvme(chunk, crc)
-                os.pwrite(fd, chunk, offset + done)
+                pwrite_exact(fd, chunk, offset + done, target, self.pwrite)
                 done += len(chunk)
                 if self.progress is not None:
                     self.progress(len(chunk))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +19,7 @@ from ckptflow.services.seaweed import CREDENTIALS_NAME, SeaweedServer
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest
 from ckptflow.storage.s3_tier import MAX_PART_SIZE, S3Credentials, S3Tier, part_size_for
+from ckptflow.storage.s3_transfer import FileMover
 from ckptflow.storage.tier import Tier, TierError
 
 MiB = 1 << 20
@@ -335,6 +337,36 @@ def test_fetch_round_trips_and_refuses_a_corrupted_object(
         s3_tier.fetch(RUN, STEP, target)
     assert "corrupt" in str(failure.value)
     assert not target.exists() and list(target.parent.iterdir()) == []
+
+
+def test_short_writes_while_downloading_are_completed(
+    s3_tier: S3Tier, checkpoint: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    directory, manifest = checkpoint
+    s3_tier.put(directory, manifest)
+    asked: list[int] = []
+
+    def short_pwrite(fd: int, data: Any, offset: int) -> int:
+        """Like os.pwrite on a disk that takes at most a third of each request (legal in POSIX)."""
+        asked.append(len(data))
+        return os.pwrite(fd, data[: max(1, len(data) // 3)], offset)
+
+    out = tmp_path / "out"
+    with ThreadPoolExecutor(4) as pool:
+        mover = FileMover(s3_tier.s3, TEST_PART_SIZE, None, pool, threading.Event(), None, short_pwrite)
+        for entry in manifest.files:
+            mover.download(key(s3_tier, entry.path), entry, out / entry.path)
+    for entry in manifest.files:
+        assert (out / entry.path).read_bytes() == (directory / entry.path).read_bytes(), entry.path
+    assert len(asked) > 2 * sum(1 for e in manifest.files if e.size)  # every chunk took several writes
+
+    def full_disk(fd: int, data: Any, offset: int) -> int:
+        return 0  # a write that stores nothing must fail the download, not spin or leave a hole
+
+    with ThreadPoolExecutor(4) as pool:
+        mover = FileMover(s3_tier.s3, TEST_PART_SIZE, None, pool, threading.Event(), None, full_disk)
+        with pytest.raises(TierError, match="stored no bytes"):
+            mover.download(key(s3_tier, BIG), manifest.files[0], tmp_path / "full" / BIG)
 
 
 def test_wrong_credentials_are_named_without_the_secret(
