@@ -431,6 +431,11 @@ class Catalog:
         """Keep ``checkpoint_id`` from retention for ``ttl_s`` seconds; returns the expiry time."""
         return retention_rows.pin(self, checkpoint_id, holder, ttl_s)
 
+    def pin_if_ready(self, checkpoint_id: int, holder: str, ttl_s: float, tier: str) -> Any:
+        """Pin ``checkpoint_id`` only if it still has a READY replica on ``tier``, in one transaction;
+        returns the expiry time, or None (not pinned)."""
+        return retention_rows.pin_if_ready(self, checkpoint_id, holder, ttl_s, ready_on=tier)
+
     def unpin(self, checkpoint_id: int, holder: str) -> bool:
         """Release ``holder``'s pin on ``checkpoint_id``; True if there was one."""
         return retention_rows.unpin(self, checkpoint_id, holder)
@@ -442,6 +447,20 @@ class Catalog:
     def record_soft_deleted(self, replica_id: int, trash_uri: str, facts: Any) -> bool:
         """Replica DELETED at ``trash_uri`` and its audit row, in one transaction (idempotent)."""
         return retention_rows.record_soft_deleted(self, replica_id, trash_uri, facts)
+
+    def soft_delete_unless_held(
+        self,
+        replica_id: int,
+        soft_delete: Any,
+        facts: Any,
+        plan_now: Any,
+        after_tier_op: Any = None,
+    ) -> tuple[str | None, str | None]:
+        """Re-check pins and promotions and, if none hold the replica, run the tier's ``soft_delete``
+        and record it, all in one transaction; ``(trash_uri, None)`` or ``(None, why held)``."""
+        return retention_rows.soft_delete_unless_held(
+            self, replica_id, soft_delete, facts, plan_now, after_tier_op
+        )
 
     def record_purged(self, soft: Any, plan_id: str) -> bool:
         """The "purged" audit row for a soft delete (once)."""

@@ -7,6 +7,7 @@ these as methods; the functions take the catalog so this file stays the one plac
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,20 @@ class AuditFacts:
 
 def pin(catalog: Catalog, checkpoint_id: int, holder: str, ttl_s: float) -> datetime:
     """Hold ``checkpoint_id`` for ``ttl_s`` seconds (a repeat by the same holder extends it)."""
+    expires = pin_if_ready(catalog, checkpoint_id, holder, ttl_s, ready_on=None)
+    assert expires is not None  # without ready_on nothing is checked
+    return expires
+
+
+def pin_if_ready(
+    catalog: Catalog, checkpoint_id: int, holder: str, ttl_s: float, ready_on: str | None
+) -> datetime | None:
+    """Pin ``checkpoint_id`` as :func:`pin` does, only if it still has a READY replica on tier
+    ``ready_on`` (None: no check); the check and the pin are one transaction. None: not pinned.
+
+    Retention's delete transaction locks the same checkpoint row and re-checks pins, so a pin taken
+    here is either seen by a delete or taken after it, when the replica is no longer READY.
+    """
     if ttl_s <= 0:
         raise ValueError(f"ttl_s must be > 0 seconds, got {ttl_s}")
     now = utcnow()
@@ -55,6 +70,16 @@ def pin(catalog: Catalog, checkpoint_id: int, holder: str, ttl_s: float) -> date
         cp = session.exec(locked(select(Checkpoint).where(Checkpoint.id == checkpoint_id))).first()
         if cp is None:
             raise NotFound(f"catalog has no checkpoint with id {checkpoint_id}")
+        if ready_on is not None:
+            ready = session.exec(
+                select(Replica).where(
+                    Replica.checkpoint_id == checkpoint_id,
+                    Replica.tier == ready_on,
+                    Replica.state == ReplicaState.READY,
+                )
+            ).first()
+            if ready is None or cp.state not in LIVE_STATES:
+                return None
         stmt = select(CheckpointPin).where(
             CheckpointPin.checkpoint_id == checkpoint_id, CheckpointPin.holder == holder
         )
@@ -155,43 +180,101 @@ def _lock_replica_by_id(session: Any, replica_id: int) -> tuple[Checkpoint, Repl
     return cp, replica
 
 
+def _held_by(session: Any, checkpoint_id: int, at: datetime) -> str | None:
+    """Why retention must not delete from ``checkpoint_id`` now (a pin, a promotion), or None."""
+    pins = session.exec(
+        select(CheckpointPin).where(
+            CheckpointPin.checkpoint_id == checkpoint_id, CheckpointPin.expires_at > at
+        )
+    ).all()
+    if pins:
+        return "pinned by " + ", ".join(sorted(p.holder for p in pins))
+    stmt = select(Replica).where(
+        Replica.checkpoint_id == checkpoint_id, col(Replica.state).in_(PINNED_REPLICA_STATES)
+    )
+    copying = session.exec(stmt).all()
+    if copying:
+        return "being promoted to " + ", ".join(sorted(r.tier for r in copying))
+    return None
+
+
+def soft_delete_unless_held(
+    catalog: Catalog,
+    replica_id: int,
+    soft_delete: Callable[[], str],
+    facts: AuditFacts,
+    plan_now: datetime,
+    after_tier_op: Callable[[str], None] | None = None,
+) -> tuple[str | None, str | None]:
+    """Re-check the holds on a replica's checkpoint and, if there are none, soft-delete it.
+
+    One transaction, holding the checkpoint row's lock (as :func:`pin_if_ready` takes it): re-check
+    pins and in-flight promotions (taken since the plan was made), run ``soft_delete`` (the tier
+    operation; returns the trash uri), call ``after_tier_op(trash_uri)``, then record DELETED and
+    the audit row as :func:`record_soft_deleted` does. A pin counts while unexpired at the earlier
+    of the real clock and ``plan_now`` (a what-if apply in the future never overrides a live pin).
+
+    Returns ``(trash_uri, None)``, or ``(None, why)`` when held (the tier is not touched). A crash
+    after the tier operation rolls the catalog write back: the state ``reconcile_retention`` repairs.
+    On SQLite this holds the catalog's write lock for the tier operation (a rename, or two S3 calls).
+    """
+    at = min(utcnow(), plan_now)
+    with catalog.write_session() as session:
+        cp, replica = _lock_replica_by_id(session, replica_id)
+        if _soft_delete_audited(session, replica_id):
+            return None, "already soft-deleted"
+        why = _held_by(session, cp.id, at)  # type: ignore[arg-type]
+        if why is not None:
+            return None, why
+        trash_uri = soft_delete()
+        if after_tier_op is not None:
+            after_tier_op(trash_uri)
+        _record_soft_deleted(session, cp, replica, trash_uri, facts, utcnow())
+        return trash_uri, None
+
+
 def record_soft_deleted(catalog: Catalog, replica_id: int, trash_uri: str, facts: AuditFacts) -> bool:
     """Replica -> DELETED at ``trash_uri`` plus its "soft_deleted" audit row, in one transaction.
 
     Idempotent: a replica that already has its soft-delete audit row changes nothing (False).
     """
-    now = utcnow()
     with catalog.write_session() as session:
         cp, replica = _lock_replica_by_id(session, replica_id)
-        done = session.exec(
-            select(DeletionAudit).where(
-                DeletionAudit.replica_id == replica_id, DeletionAudit.phase == DeletionPhase.SOFT_DELETED
-            )
-        ).first()
-        if done is not None:
-            return False
-        nbytes = int(replica.bytes or cp.bytes)
-        set_replica(
-            session, cp, replica.tier, ReplicaState.DELETED, now=now, uri=trash_uri, reason=facts.reason
+        return _record_soft_deleted(session, cp, replica, trash_uri, facts, utcnow())
+
+
+def _soft_delete_audited(session: Any, replica_id: int) -> bool:
+    stmt = select(DeletionAudit).where(
+        DeletionAudit.replica_id == replica_id, DeletionAudit.phase == DeletionPhase.SOFT_DELETED
+    )
+    return session.exec(stmt).first() is not None
+
+
+def _record_soft_deleted(
+    session: Any, cp: Checkpoint, replica: Replica, trash_uri: str, facts: AuditFacts, now: datetime
+) -> bool:
+    if _soft_delete_audited(session, replica.id):  # type: ignore[arg-type]
+        return False
+    nbytes = int(replica.bytes or cp.bytes)
+    set_replica(session, cp, replica.tier, ReplicaState.DELETED, now=now, uri=trash_uri, reason=facts.reason)
+    session.add(
+        DeletionAudit(
+            at=now,
+            replica_id=replica.id,
+            run=cp.run,
+            step=cp.step,
+            tier=replica.tier,
+            uri=trash_uri,
+            bytes=nbytes,
+            policy_hash=facts.policy_hash,
+            rule=facts.rule,
+            reason=facts.reason,
+            monthly_usd_saved=facts.monthly_usd_saved,
+            phase=DeletionPhase.SOFT_DELETED,
+            plan_id=facts.plan_id,
         )
-        session.add(
-            DeletionAudit(
-                at=now,
-                replica_id=replica_id,
-                run=cp.run,
-                step=cp.step,
-                tier=replica.tier,
-                uri=trash_uri,
-                bytes=nbytes,
-                policy_hash=facts.policy_hash,
-                rule=facts.rule,
-                reason=facts.reason,
-                monthly_usd_saved=facts.monthly_usd_saved,
-                phase=DeletionPhase.SOFT_DELETED,
-                plan_id=facts.plan_id,
-            )
-        )
-        return True
+    )
+    return True
 
 
 def record_purged(catalog: Catalog, soft: DeletionAudit, plan_id: str) -> bool:

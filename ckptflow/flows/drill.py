@@ -1,14 +1,14 @@
 """``recovery_drill`` (cron): restore a checkpoint from a tier into a scratch job and compare its loss.
 
 Choose the checkpoint the spec asks for (latest, random or a given step, with a verified replica on
-the spec's tier, by default cold) -> pin it against retention -> fetch it into a fresh scratch
-directory (checksums verified while downloading, then again) -> launch the scratch job as its own
-process group at the spec's world size, which restores through the same path training uses and
-computes the loss with the user's eval function -> compare with the reference value the training side
-recorded at save time, and the time to recover (drill start -> loss computed) with the objective ->
-Great Expectations gates over the catalog and the drill history -> a drill row in the catalog, a
-markdown artifact, a ``ckptflow.drill.passed``/``failed`` event. The flow run fails when the drill
-fails, so the Prefect UI shows it red and automations can notify.
+the spec's tier, by default cold) and pin it against retention, as one step -> fetch it into a
+fresh scratch directory (checksums verified while downloading, then again) -> launch the scratch
+job as its own process group at the spec's world size, which restores through the same path
+training uses and computes the loss with the user's eval function -> compare with the reference
+value the training side recorded at save time, and the time to recover (drill start -> loss
+computed) with the objective -> Great Expectations gates over the catalog and the drill history ->
+a drill row in the catalog, a markdown artifact, a ``ckptflow.drill.passed``/``failed`` event. The
+flow run fails when the drill fails, so the Prefect UI shows it red and automations can notify.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ckptflow.policy.drill_spec import load_drill_spec
 from ckptflow.policy.yaml_source import ConfigError
 from ckptflow.tasks import drill_ops
 from ckptflow.tasks.drill_tasks import (
-    choose_checkpoint,
+    choose_and_pin,
     emit_verdict,
     fetch_into_scratch,
     quality_gates,
@@ -106,10 +106,10 @@ def _drill(
     chosen = None
     try:
         t0 = time.perf_counter()
-        chosen = choose_checkpoint(config_path, spec)
+        # Chosen and pinned as one: retention cannot delete the choice between the two.
+        chosen = choose_and_pin(config_path, spec, holder, spec.job_timeout_s + spec.rto_s + PIN_MARGIN_S)
         drill.step, drill.checkpoint_id = chosen.step, chosen.checkpoint_id
         drill.saved_world_size = chosen.saved_world_size
-        catalog.pin(chosen.checkpoint_id, holder, spec.job_timeout_s + spec.rto_s + PIN_MARGIN_S)
         catalog.record_drill(drill)
         drill.phases["choose_s"] = time.perf_counter() - t0
         scratch = drill_ops.scratch_directory(spec, config, re.sub(r"[^a-z0-9-]", "-", spec.name.lower()))

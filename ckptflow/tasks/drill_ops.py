@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,10 +72,14 @@ class JobResult:
     ranks: list[dict[str, Any]] = field(default_factory=list)
 
 
-def choose_checkpoint(catalog: Catalog, tier: Tier, spec: DrillSpec) -> ChosenCheckpoint:
+def choose_checkpoint(
+    catalog: Catalog, tier: Tier, spec: DrillSpec, exclude: frozenset[int] = frozenset()
+) -> ChosenCheckpoint:
     """The checkpoint the spec asks for among those with a READY replica on the spec's tier that the
-    tier really lists (a catalog row alone is not proof)."""
-    on_tier = set(tier.list_steps(spec.run))
+    tier really lists (a catalog row alone is not proof), leaving out the steps in ``exclude``.
+
+    Nothing holds the choice: a drill uses :func:`choose_and_pin`."""
+    on_tier = set(tier.list_steps(spec.run)) - exclude
     ready: dict[int, Any] = {}
     for cp in catalog.checkpoints(spec.run):
         if cp.state not in LIVE_STATES or cp.step not in on_tier:
@@ -101,6 +106,36 @@ def choose_checkpoint(catalog: Catalog, tier: Tier, spec: DrillSpec) -> ChosenCh
             )
     cp = ready[step]
     return ChosenCheckpoint(spec.run, step, cp.id, cp.world_size)
+
+
+def choose_and_pin(
+    catalog: Catalog,
+    tier: Tier,
+    spec: DrillSpec,
+    holder: str,
+    ttl_s: float,
+    before_pin: Callable[[ChosenCheckpoint], None] | None = None,
+) -> ChosenCheckpoint:
+    """Choose as :func:`choose_checkpoint` does and pin the choice against retention, atomically.
+
+    The pin is taken only while the chosen checkpoint still has a READY replica on the spec's tier
+    (one catalog transaction); retention re-checks pins in the transaction that deletes, so from
+    then on the replica stays. The tier must still list the step once pinned (a retention apply
+    killed after its tier operation leaves a READY row for a step that is gone). A choice that lost
+    either race is unpinned and the choice made again without it; DrillFailure("selection") when
+    nothing is left. ``before_pin`` runs between choosing and pinning (the race window; tests
+    delete the choice there).
+    """
+    lost: set[int] = set()
+    while True:
+        chosen = choose_checkpoint(catalog, tier, spec, frozenset(lost))
+        if before_pin is not None:
+            before_pin(chosen)
+        if catalog.pin_if_ready(chosen.checkpoint_id, holder, ttl_s, spec.tier) is not None:
+            if chosen.step in tier.list_steps(spec.run):
+                return chosen
+            catalog.unpin(chosen.checkpoint_id, holder)
+        lost.add(chosen.step)
 
 
 def scratch_directory(spec: DrillSpec, config: CkptflowConfig, label: str) -> Path:

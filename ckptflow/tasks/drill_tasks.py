@@ -31,11 +31,14 @@ def _tier(config_path: str, name: str) -> Any:
 
 
 @task(name="drill-choose-checkpoint", cache_policy=NO_CACHE)
-def choose_checkpoint(config_path: str, spec: DrillSpec) -> drill_ops.ChosenCheckpoint:
+def choose_and_pin(
+    config_path: str, spec: DrillSpec, holder: str, ttl_s: float
+) -> drill_ops.ChosenCheckpoint:
+    """The checkpoint to drill, pinned by ``holder`` for ``ttl_s`` (the caller unpins it)."""
     config, _ = load(config_path)
     catalog = Catalog.open(config.catalog)
     try:
-        return drill_ops.choose_checkpoint(catalog, _tier(config_path, spec.tier), spec)
+        return drill_ops.choose_and_pin(catalog, _tier(config_path, spec.tier), spec, holder, ttl_s)
     finally:
         catalog.dispose()
 

@@ -7,9 +7,14 @@ No Prefect here (the flow and the CLI both call these). Deletion is the dangerou
   (``Tier.soft_delete``: POSIX renames ``step-N`` to ``step-N.trash-<ts>``; S3 moves the manifest
   object to ``manifest.json.trash-<ts>``), so readers stop seeing it but it can be restored. A later
   run purges it once ``grace_period`` has passed since the soft delete.
-- **Crash-safe order: the tier operation first, then one catalog transaction.** The soft delete is
+- **Pins are re-checked at delete time.** The plan saw the pins of its snapshot; a drill may pin,
+  or a promotion start, after that. Each deletion runs in one catalog transaction that locks the
+  checkpoint row (the lock a pin takes), re-checks its pins and in-flight promotions, and only then
+  does the tier operation and the catalog write; a held replica is skipped and reported.
+- **Crash-safe order: the tier operation first, then the catalog write.** The soft delete is
   one atomic step on the tier (a rename; on S3 the manifest delete is the commit point), and the
-  replica's move to DELETED plus its "soft_deleted" audit row are one transaction afterwards. A
+  replica's move to DELETED plus its "soft_deleted" audit row are committed afterwards (the
+  transaction that re-checked the pins, so a kill after the tier operation rolls it back). A
   SIGKILL can therefore leave only one inconsistent state: the step moved to trash on its tier while
   the catalog still says READY. :func:`reconcile_retention` (run at the start of every apply) finds
   such replicas by their trash entry and records the DELETED state with an audit row whose reason
@@ -29,6 +34,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -171,6 +177,7 @@ def _soft_delete_all(
     plan_id: str,
     between: Between | None,
     report: RetentionReport,
+    now: datetime,
 ) -> None:
     live = snapshot[snapshot["replica_state"] != "deleted"].set_index(["run", "step", "tier"])
     for deletion in plan.deletions:
@@ -184,13 +191,21 @@ def _soft_delete_all(
             # Not there, or a different save of the step: never delete what the plan did not see.
             report.skipped.append(_row("skipped", *key, "not visible on its tier with the planned save"))
             continue
-        trash_uri = tier.soft_delete(deletion.run, deletion.step)  # type: ignore[attr-defined]
-        if between is not None:
-            between(deletion, trash_uri)
         facts = AuditFacts(
             plan.policy_hash, deletion.rule_or_reason, deletion.detail, deletion.monthly_usd_saved, plan_id
         )
-        catalog.record_soft_deleted(int(facts_row["replica_id"]), trash_uri, facts)
+        # The plan's pins may be stale (a drill pinned, a promotion started since): they are checked
+        # again in the transaction that deletes, which holds the lock a pin takes.
+        trash_uri, held = catalog.soft_delete_unless_held(
+            int(facts_row["replica_id"]),
+            partial(tier.soft_delete, deletion.run, deletion.step),  # type: ignore[attr-defined]
+            facts,
+            now,
+            None if between is None else partial(between, deletion),
+        )
+        if trash_uri is None:
+            report.skipped.append(_row("skipped", *key, f"{held} (since the plan was made)"))
+            continue
         report.soft_deleted.append(
             {"action": "soft_deleted", **deletion._asdict(), "uri": trash_uri, "plan_id": plan_id}
         )
@@ -220,14 +235,17 @@ def apply_retention(
     now_iso: str | None = None,
     *,
     between: Between | None = None,
+    after_plan: Callable[[RetentionPlan], None] | None = None,
     reconcile_first: bool = True,
 ) -> RetentionReport:
     """Plan retention and, with ``apply=True``, soft-delete the plan and purge what is due.
 
     ``policy_path`` defaults to ``retention.yaml`` beside ``config_path``. ``between`` is called
-    after each tier operation and before its catalog write (see the module docstring). An apply
-    first runs :func:`reconcile_retention` unless ``reconcile_first`` is False (the flow runs it as
-    its own task).
+    after each tier operation and before its catalog write (see the module docstring);
+    ``after_plan`` once the plan is made, before anything is deleted (a pin taken then is still
+    honoured: each deletion re-checks pins in its own transaction). An apply first runs
+    :func:`reconcile_retention` unless ``reconcile_first`` is False (the flow runs it as its own
+    task).
     """
     policy = load_retention_policy(policy_path or default_policy_path(config_path))
     now = parse_now(now_iso)
@@ -239,7 +257,9 @@ def apply_retention(
         plan, snapshot = plan_now(config_path, policy, now, catalog)
         report = RetentionReport(plan, plan_id, apply, reconciled=reconciled)
         if apply:
-            _soft_delete_all(catalog, tiers, plan, snapshot, plan_id, between, report)
+            if after_plan is not None:
+                after_plan(plan)
+            _soft_delete_all(catalog, tiers, plan, snapshot, plan_id, between, report, now)
             report.purged = _purge_due(catalog, tiers, policy.grace_period.total_seconds(), now, plan_id)
     finally:
         catalog.dispose()

@@ -13,11 +13,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlmodel import select
 from typer.testing import CliRunner
 
 from ckptflow.catalog import Catalog, DeletionPhase, ReplicaState
-from ckptflow.catalog.models import utcnow
+from ckptflow.catalog.models import Checkpoint, CheckpointPin, utcnow
 from ckptflow.catalog.sync import sync_from_root
+from ckptflow.policy.drill_spec import DrillSpec
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, manifest_checksum
 from ckptflow.storage.posix_tier import PosixTier
@@ -183,6 +185,107 @@ def test_pinned_and_in_flight_replicas_are_untouched(world: tuple[str, str, Path
     states = replica_states(config)
     assert states[("hot", 3)] == states[("warm", 3)] == ReplicaState.READY
     assert states[("hot", 5)] == states[("warm", 5)] == ReplicaState.READY
+
+
+def _open(config_path: str) -> Catalog:
+    from ckptflow.tasks.tiers import load
+
+    return Catalog.open(load(config_path)[0].catalog)
+
+
+def pins(config_path: str) -> list[tuple[int, str]]:
+    """(step, holder) of every pin row."""
+    catalog = _open(config_path)
+    try:
+        with catalog.read_session() as session:
+            rows = session.exec(
+                select(CheckpointPin, Checkpoint).where(CheckpointPin.checkpoint_id == Checkpoint.id)
+            )
+            return sorted((cp.step, pin.holder) for pin, cp in rows)
+    finally:
+        catalog.dispose()
+
+
+def test_a_pin_or_promotion_started_after_the_plan_is_honoured_at_delete_time(
+    world: tuple[str, str, Path],
+) -> None:
+    config, policy, tmp = world
+    catalog = _open(config)
+    by_step = {cp.step: cp.id for cp in catalog.checkpoints(RUN)}
+
+    def drill_and_promotion_start(plan: object) -> None:
+        # The plan was made without these; each deletion must see them all the same.
+        assert {("hot", 3), ("warm", 3), ("hot", 4), ("warm", 4)} <= {
+            (d.tier, d.step) for d in plan.deletions
+        }
+        catalog.pin(by_step[3], "drill:late", ttl_s=3600)
+        catalog.set_replica_state(by_step[4], "cold", ReplicaState.COPYING, uri="s3://b/r/step-4")
+
+    try:
+        report = apply_retention(config, policy, apply=True, after_plan=drill_and_promotion_start)
+    finally:
+        catalog.dispose()
+    deleted = {(d["tier"], d["step"]) for d in report.soft_deleted}
+    held = {("hot", 3), ("warm", 3), ("hot", 4), ("warm", 4)}
+    assert deleted == EXPECTED - held
+    skipped = {(r["tier"], r["step"]): r["detail"] for r in report.skipped}
+    assert set(skipped) == held
+    assert "pinned by drill:late" in skipped[("warm", 3)] and "promoted to cold" in skipped[("hot", 4)]
+    states = replica_states(config)
+    assert all(states[key] == ReplicaState.READY for key in held)
+    for name in ("hot", "warm"):
+        assert {3, 4} <= set(PosixTier(name, tmp / name).list_steps(RUN))  # untouched on the tiers
+    assert {(a.tier, a.step) for a in audit(config, DeletionPhase.SOFT_DELETED)} == EXPECTED - held
+
+
+def _drill_spec(checkpoint: str | int) -> DrillSpec:
+    return DrillSpec(
+        name="race",
+        run=RUN,
+        checkpoint=checkpoint,
+        tier="warm",
+        eval="m:f",
+        tolerance=0.0,
+        rto=timedelta(hours=1),
+    )
+
+
+def test_a_drill_never_holds_a_choice_that_retention_deleted_before_the_pin(
+    world: tuple[str, str, Path],
+) -> None:
+    from ckptflow.tasks.drill_ops import DrillFailure, choose_and_pin
+
+    config, policy, tmp = world
+    warm = PosixTier("warm", tmp / "warm")
+    catalog = _open(config)
+    try:
+        # Step 4 is chosen; retention deletes it (warm keeps 10..7 and 1) before the pin is taken.
+        with pytest.raises(DrillFailure) as failure:
+            choose_and_pin(
+                catalog,
+                warm,
+                _drill_spec(4),
+                "drill:1",
+                3600,
+                lambda _: apply_retention(config, policy, apply=True),
+            )
+        assert failure.value.kind == "selection" and "step 4" in str(failure.value)
+        assert pins(config) == []  # no pin left on a deleted checkpoint
+
+        # "latest": step 10 is chosen and soft-deleted on warm by a retention apply killed before
+        # its catalog write (the row still says READY): the drill takes the next one, 9.
+        raced: list[int] = []
+
+        def killed_apply(chosen: object) -> None:
+            if not raced:
+                raced.append(chosen.step)
+                warm.soft_delete(RUN, chosen.step)
+
+        chosen = choose_and_pin(catalog, warm, _drill_spec("latest"), "drill:2", 3600, killed_apply)
+        assert raced == [10] and chosen.step == 9
+        assert pins(config) == [(9, "drill:2")]
+    finally:
+        catalog.dispose()
 
 
 def test_cli_retention_plan_prints_totals(world: tuple[str, str, Path]) -> None:
