@@ -149,12 +149,17 @@ def cadence(
     mtbf_years: float = typer.Option(..., "--mtbf-years", help="MTBF of one GPU, in years."),
     stall_s: float = typer.Option(..., "--stall-s", help="Training stall per checkpoint, in seconds."),
     restart_s: float = typer.Option(0.0, "--restart-s", help="Time from a failure to training again."),
+    write_s: float = typer.Option(
+        0.0,
+        "--write-s",
+        help="Background write per checkpoint, s (after the stall): floors the interval, adds to lost work.",
+    ),
 ) -> None:
     """Plan a checkpoint interval (Young/Daly) for a cluster, with lost work and overhead."""
     from ckptflow.policy.cadence_math import plan_cadence
 
     try:
-        plan = plan_cadence(gpus, mtbf_years, stall_s, restart_s)
+        plan = plan_cadence(gpus, mtbf_years, stall_s, restart_s, write_s)
     except ValueError as exc:
         _fail(str(exc))
     typer.echo(plan.describe())

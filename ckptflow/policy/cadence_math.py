@@ -7,6 +7,10 @@ Notation (Daly 2006, "A higher order estimate of the optimum checkpoint interval
 - ``δ`` (``stall_s``): what one checkpoint costs the computation. For ckptflow's async saves this is the
   blocking stall (the copy into host buffers), not the time the background write takes.
 - ``τ`` (``interval_s``): compute time between checkpoints; one period is ``τ + δ``.
+- ``W`` (``write_s``): the background write after the stall, until the checkpoint is a restore point.
+  One save is in flight at a time, so a period must be at least ``δ + W``: ``τ ≥ W``
+  (*write-bound* when Daly's ``τ`` is shorter). A failure loses ``W`` more on average: a
+  checkpoint whose write had not finished is no restore point.
 - ``R`` (``restart_s``): time from a failure until training computes again (reschedule, restore).
 
 Everything is in seconds and has no dependency beyond the standard library: the training process
@@ -70,27 +74,35 @@ def daly_interval_s(stall_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * stall * mtbf) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - stall
 
 
-def expected_lost_work_s(interval_s: float, stall_s: float, restart_s: float = 0.0) -> float:
-    """Expected wall time lost per failure: ``(τ + δ)/2 + R``.
+def expected_lost_work_s(
+    interval_s: float, stall_s: float, restart_s: float = 0.0, write_s: float = 0.0
+) -> float:
+    """Expected wall time lost per failure: ``(τ + δ)/2 + W + R``.
 
     A failure lands, on average, halfway through a period of ``τ + δ``; that half period is recomputed
-    after the restart ``R``. (First-order: exact when failures are rare within one period.)
+    after the restart ``R``. The newest checkpoint is a restore point only once its write ``W`` is
+    done, so a failure within ``W`` of a save falls back a whole period: ``W`` more on average (for
+    ``W ≤ τ``, what one save in flight ensures). First-order: exact when failures are rare within
+    one period. ``W = 0`` is a synchronous save.
     """
     where = "expected_lost_work_s"
     interval = _require_positive(where, "interval_s", interval_s)
     stall = _require_non_negative(where, "stall_s", stall_s)
     restart = _require_non_negative(where, "restart_s", restart_s)
-    return (interval + stall) / 2.0 + restart
+    write = _require_non_negative(where, "write_s", write_s)
+    return (interval + stall) / 2.0 + write + restart
 
 
-def overhead_fraction(interval_s: float, stall_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
+def overhead_fraction(
+    interval_s: float, stall_s: float, mtbf_s: float, restart_s: float = 0.0, write_s: float = 0.0
+) -> float:
     """Fraction of wall time not spent on useful training, in ``[0, 1]``.
 
     Model (first order, failures as a Poisson process with mean ``M``):
 
     - checkpointing: every period of ``τ + δ`` spends ``δ`` stalled, a fraction ``δ / (τ + δ)``;
-    - failures: one every ``M`` seconds on average, each losing ``(τ + δ)/2 + R`` of wall time
-      (:func:`expected_lost_work_s`), a fraction ``((τ + δ)/2 + R) / M``.
+    - failures: one every ``M`` seconds on average, each losing ``(τ + δ)/2 + W + R`` of wall time
+      (:func:`expected_lost_work_s`), a fraction ``((τ + δ)/2 + W + R) / M``.
 
     The sum is the overhead. It is accurate while both terms are small; when the losses alone approach
     ``M`` the job makes no progress, so the result is capped at 1.0.
@@ -101,15 +113,15 @@ def overhead_fraction(interval_s: float, stall_s: float, mtbf_s: float, restart_
     mtbf = _require_positive(where, "mtbf_s", mtbf_s)
     restart = _require_non_negative(where, "restart_s", restart_s)
     checkpointing = stall / (interval + stall)
-    failures = expected_lost_work_s(interval, stall, restart) / mtbf
+    failures = expected_lost_work_s(interval, stall, restart, write_s) / mtbf
     return min(1.0, checkpointing + failures)
 
 
 def effective_training_ratio(
-    interval_s: float, stall_s: float, mtbf_s: float, restart_s: float = 0.0
+    interval_s: float, stall_s: float, mtbf_s: float, restart_s: float = 0.0, write_s: float = 0.0
 ) -> float:
     """Fraction of wall time spent on useful training: ``1 - overhead_fraction(...)``."""
-    return 1.0 - overhead_fraction(interval_s, stall_s, mtbf_s, restart_s)
+    return 1.0 - overhead_fraction(interval_s, stall_s, mtbf_s, restart_s, write_s)
 
 
 def format_duration_s(seconds: float) -> str:
@@ -138,6 +150,13 @@ class CadencePlan:
     daly_s: float
     lost_work_per_failure_s: float
     overhead_fraction: float
+    write_s: float = 0.0
+    interval_s: float = 0.0  # the compute interval kept: Daly's, or W when write-bound
+
+    @property
+    def write_bound(self) -> bool:
+        """Daly's interval is shorter than the write: saves run back to back every ``δ + W``."""
+        return self.interval_s > self.daly_s
 
     @property
     def effective_training_ratio(self) -> float:
@@ -146,23 +165,36 @@ class CadencePlan:
     def describe(self) -> str:
         """Human-readable lines, one fact each (used by ``ckptflow cadence``)."""
         fmt = format_duration_s
+        period = f"a checkpoint every {fmt(self.interval_s + self.stall_s)} of wall time, stall included"
+        interval = f"Daly interval: {fmt(self.daly_s)} ({period})"
+        if self.write_bound:
+            interval = (
+                f"Daly interval: {fmt(self.daly_s)}, shorter than the write: WRITE-BOUND, interval "
+                f"{fmt(self.interval_s)} ({period})"
+            )
         return "\n".join(
             [
                 f"system MTBF: {fmt(self.system_mtbf_s)} "
                 f"({self.gpus:,} GPUs at {self.component_mtbf_years:g} years each)",
-                f"checkpoint stall: {fmt(self.stall_s)}; restart: {fmt(self.restart_s)}",
+                f"checkpoint stall: {fmt(self.stall_s)}; background write: {fmt(self.write_s)}; "
+                f"restart: {fmt(self.restart_s)}",
                 f"Young interval: {fmt(self.young_s)}",
-                f"Daly interval: {fmt(self.daly_s)} (a checkpoint every "
-                f"{fmt(self.daly_s + self.stall_s)} of wall time, stall included)",
-                f"expected lost work per failure: {fmt(self.lost_work_per_failure_s)}",
+                interval,
+                f"expected lost work per failure: {fmt(self.lost_work_per_failure_s)} (half a period "
+                f"+ write + restart)",
                 f"overhead: {self.overhead_fraction:.1%} of wall time "
                 f"(effective training {self.effective_training_ratio:.1%})",
             ]
         )
 
 
-def plan_cadence(gpus: int, mtbf_years: float, stall_s: float, restart_s: float = 0.0) -> CadencePlan:
+def plan_cadence(
+    gpus: int, mtbf_years: float, stall_s: float, restart_s: float = 0.0, write_s: float = 0.0
+) -> CadencePlan:
     """Plan a cadence for ``gpus`` devices, each with an MTBF of ``mtbf_years``, at Daly's interval.
+
+    ``write_s`` is the background write after each stall: the interval is at least that long (one
+    save in flight), and a failure loses it on top of half a period (:func:`expected_lost_work_s`).
 
     >>> round(plan_cadence(10_000, 10.0, 10.0).system_mtbf_s / 3600, 2)
     8.77
@@ -173,9 +205,11 @@ def plan_cadence(gpus: int, mtbf_years: float, stall_s: float, restart_s: float 
     years = _require_positive(where, "mtbf_years", mtbf_years)
     stall = _require_positive(where, "stall_s", stall_s)
     restart = _require_non_negative(where, "restart_s", restart_s)
+    write = _require_non_negative(where, "write_s", write_s)
     gpus = int(gpus)
     mtbf = system_mtbf_s(years * SECONDS_PER_YEAR, gpus)
     daly = daly_interval_s(stall, mtbf)
+    interval = max(daly, write)
     return CadencePlan(
         gpus=gpus,
         component_mtbf_years=years,
@@ -184,6 +218,8 @@ def plan_cadence(gpus: int, mtbf_years: float, stall_s: float, restart_s: float 
         system_mtbf_s=mtbf,
         young_s=young_interval_s(stall, mtbf),
         daly_s=daly,
-        lost_work_per_failure_s=expected_lost_work_s(daly, stall, restart),
-        overhead_fraction=overhead_fraction(daly, stall, mtbf, restart),
+        lost_work_per_failure_s=expected_lost_work_s(interval, stall, restart, write),
+        overhead_fraction=overhead_fraction(interval, stall, mtbf, restart, write),
+        write_s=write,
+        interval_s=interval,
     )

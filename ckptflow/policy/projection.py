@@ -10,8 +10,9 @@ and, under a retention policy, the monthly storage bill.
   asynchronous), ``stall_s`` or ``checkpoint_bytes / staging_bandwidth``;
 - write ``W = checkpoint_bytes / write_bandwidth``: the background write to the hot tier;
 - interval ``τ``: Daly's higher-order optimum for ``δ`` and ``M`` (:func:`cadence_math.daly_interval_s`).
-  One save is in flight at a time, so a period ``τ + δ`` shorter than ``W`` cannot be kept up:
-  then ``τ = W − δ`` (*write-bound*);
+  One save is in flight at a time, and the next save's stall starts only once the previous write
+  is done, so a period ``τ + δ`` shorter than ``δ + W`` cannot be kept up: then ``τ = W``
+  (*write-bound*; the Checkpointer's MTBF cadence floors its period at the same busy time);
 - recovery ``R = restart_overhead_s + checkpoint_bytes / restore_bandwidth + W``. The ``W``: a
   checkpoint is a restore point only once written, so a failure at a uniformly random moment of a
   period ``P = τ + δ`` (with ``W ≤ P``) loses ``P/2 + W`` of work on average, not ``P/2``;
@@ -275,7 +276,7 @@ def project(run: RunDescription, policy: RetentionPolicy | None = None) -> Proje
     write = run.checkpoint_bytes / run.write_bandwidth
     restore = run.checkpoint_bytes / run.restore_bandwidth
     daly = cadence_math.daly_interval_s(stall, mtbf)
-    interval = max(daly, write - stall)
+    interval = max(daly, write)  # the period τ + δ is at least the busy time δ + W
     recovery = run.restart_overhead_s + restore + write
     projection = Projection(
         run=run,

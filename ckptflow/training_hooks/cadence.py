@@ -2,8 +2,11 @@
 
 The loop asks ``cadence.is_due(step)`` (a pure question), and when it starts a save calls
 ``cadence.record_save(step)``; when the blocking stall of that save is known it calls
-``cadence.observe_stall(seconds)``, which lets the MTBF mode re-plan with the stall it really pays.
-The clock is passed in (``clock=``), so tests drive time with a fake one.
+``cadence.observe_stall(seconds)``, which lets the MTBF mode re-plan with the stall it really pays,
+and when the save's background write is done, ``cadence.observe_write(seconds)``, which floors the
+MTBF mode's interval at the time a save keeps the writer busy (one save is in flight at a time).
+The Checkpointer makes all these calls. The clock is passed in (``clock=``), so tests drive time with
+a fake one.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ class Cadence:
     - :meth:`every_seconds`: due once ``seconds`` have passed since the last save started (or since
       the cadence was built).
     - :meth:`mtbf`: like :meth:`every_seconds`, with the interval planned by Daly's formula from the
-      system MTBF and the stall the saves are observed to cost.
+      system MTBF and the stall the saves are observed to cost, never shorter than a save is
+      observed to keep the writer busy.
 
     In every mode the step a save was just recorded at is never due again (no double save).
     """
@@ -70,6 +74,7 @@ class Cadence:
         self._components = components
         self._stall_s = stall_s
         self._stall_observed = False
+        self._write_s: float | None = None  # moving average of observe_write; None until one
         self._min_interval_s = min_interval_s
         self._max_interval_s = max_interval_s
         self._last_save_step: int | None = None
@@ -107,7 +112,9 @@ class Cadence:
 
         ``initial_stall_s`` is a guess used until the first :meth:`observe_stall`; the first
         observation replaces it, later ones are averaged in (exponential moving average).
-        The save-to-save period is clamped to ``[min_interval_s, max_interval_s]``.
+        The save-to-save period is clamped to ``[min_interval_s, max_interval_s]``, and then never
+        shorter than the write time measured by :meth:`observe_write` (a save falling due sooner
+        would find the previous one still writing and be skipped, or wait, with ``on_busy``).
         """
         where = "Cadence.mtbf"
         _check_positive(where, "component_mtbf_hours", component_mtbf_hours)
@@ -170,12 +177,39 @@ class Cadence:
             w = self.STALL_EMA_WEIGHT
             self._stall_s = (1.0 - w) * self._stall_s + w * float(stall_s)
 
+    def observe_write(self, write_s: float) -> None:
+        """How long one save kept the writer busy: from the start of its stall until its background
+        write was done (committed, abandoned or failed). The MTBF mode floors its interval at the
+        moving average of these; other modes ignore it (their interval is the caller's)."""
+        if not math.isfinite(write_s) or write_s < 0:
+            raise ValueError(f"Cadence.observe_write: write_s must be a finite number >= 0, got {write_s!r}")
+        if self._mode is not CadenceMode.MTBF:
+            return
+        if self._write_s is None:
+            self._write_s = float(write_s)
+        else:
+            w = self.STALL_EMA_WEIGHT
+            self._write_s = (1.0 - w) * self._write_s + w * float(write_s)
+
     # -- what it currently plans ----------------------------------------------------------------
 
     @property
     def stall_s(self) -> float | None:
         """The stall ``δ`` the MTBF mode plans with (moving average); ``None`` in other modes."""
         return self._stall_s if self._mode is CadenceMode.MTBF else None
+
+    @property
+    def write_s(self) -> float | None:
+        """The write time the MTBF mode floors its interval at (moving average); ``None`` before the
+        first :meth:`observe_write` and in other modes."""
+        return self._write_s if self._mode is CadenceMode.MTBF else None
+
+    @property
+    def write_bound(self) -> bool:
+        """True when the MTBF mode's interval is the write time, not Daly's (saves back to back)."""
+        return (
+            self._mode is CadenceMode.MTBF and self._write_s is not None and self._planned_s() < self._write_s
+        )
 
     @property
     def system_mtbf_s(self) -> float | None:
@@ -190,12 +224,20 @@ class Cadence:
         """Seconds from one save's start to the next; ``None`` in step mode.
 
         In the MTBF mode this is Daly's compute interval ``τ`` plus the stall ``δ`` (a period is
-        ``τ + δ``, and the clock runs from the start of the save), clamped to the configured bounds.
+        ``τ + δ``, and the clock runs from the start of the save), clamped to the configured bounds,
+        and at least the observed write time (:meth:`observe_write`): a shorter period cannot be
+        kept, since one save is in flight at a time. (The write time also adds to the work a failure
+        loses, as a constant: it does not move Daly's optimum; see ``cadence_math``.)
         """
         if self._mode is CadenceMode.STEPS:
             return None
         if self._mode is CadenceMode.SECONDS:
             return self._seconds
+        planned = self._planned_s()
+        return planned if self._write_s is None else max(planned, self._write_s)
+
+    def _planned_s(self) -> float:
+        """The MTBF mode's period from Daly and the bounds, before the write-time floor."""
         mtbf = self.system_mtbf_s
         stall = self._stall_s
         assert mtbf is not None and stall is not None and self._min_interval_s is not None
@@ -216,10 +258,12 @@ class Cadence:
         interval, mtbf, stall = self.interval_s, self.system_mtbf_s, self._stall_s
         assert interval is not None and mtbf is not None and stall is not None
         source = "measured" if self._stall_observed else "assumed"
+        write = "" if self._write_s is None else f", write {format_duration_s(self._write_s)} measured"
+        bound = "write-bound: the write takes longer than Daly's period; " if self.write_bound else ""
         return (
-            f"every {format_duration_s(interval)} of wall time (Daly: system MTBF {format_duration_s(mtbf)}"
-            f" from {self._components:,} components at {self._component_mtbf_hours:g} h each, "
-            f"stall {format_duration_s(stall)} {source})"
+            f"every {format_duration_s(interval)} of wall time ({bound}Daly: system MTBF "
+            f"{format_duration_s(mtbf)} from {self._components:,} components at "
+            f"{self._component_mtbf_hours:g} h each, stall {format_duration_s(stall)} {source}{write})"
         )
 
     def __repr__(self) -> str:

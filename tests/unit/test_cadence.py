@@ -300,6 +300,80 @@ def test_mtbf_interval_is_clamped():
     assert high.interval_s == 3600.0
 
 
+def test_mtbf_interval_is_floored_at_the_observed_write_time():
+    clock = FakeClock()
+    cadence = Cadence.mtbf(component_mtbf_hours=1.0, components=100, initial_stall_s=0.1, clock=clock)
+    daly = daly_interval_s(0.1, 36.0) + 0.1  # ≈ 2.8 s
+    assert cadence.interval_s == pytest.approx(daly) and cadence.write_s is None
+    cadence.observe_write(10.0)  # a save keeps the writer busy 10 s: a 2.8 s period cannot be kept
+    assert cadence.write_s == 10.0 and cadence.interval_s == 10.0 and cadence.write_bound
+    assert "write-bound" in cadence.describe() and "write 10.0 s measured" in cadence.describe()
+    cadence.record_save(5)
+    clock.advance(9.9)
+    assert not cadence.is_due(6)  # under the old plan every step from 2.8 s on was a busy skip
+    clock.advance(0.1)
+    assert cadence.is_due(6)
+    cadence.observe_write(2.0)  # averaged in, as stalls are
+    assert cadence.interval_s == pytest.approx(0.75 * 10.0 + 0.25 * 2.0)
+    for _ in range(50):  # writes got fast: Daly's period again
+        cadence.observe_write(1.0)
+    assert cadence.interval_s == pytest.approx(daly) and not cadence.write_bound
+    with pytest.raises(ValueError, match="write_s must be a finite number >= 0"):
+        cadence.observe_write(-1.0)
+    seconds = Cadence.every_seconds(1.0, clock=clock)
+    seconds.observe_write(10.0)  # the caller chose this interval: left alone
+    assert seconds.interval_s == 1.0 and seconds.write_s is None
+
+
+def test_the_write_time_adds_to_lost_work_and_floors_the_planned_interval():
+    assert expected_lost_work_s(100.0, 10.0, restart_s=30.0, write_s=20.0) == pytest.approx(105.0)
+    assert overhead_fraction(100.0, 10.0, 10_000.0, write_s=20.0) == pytest.approx(
+        overhead_fraction(100.0, 10.0, 10_000.0) + 20.0 / 10_000.0
+    )
+    quick = plan_cadence(10_000, 10.0, stall_s=2.0, write_s=60.0)
+    assert not quick.write_bound and quick.interval_s == quick.daly_s
+    assert quick.lost_work_per_failure_s == pytest.approx((quick.daly_s + 2.0) / 2 + 60.0)
+    slow = plan_cadence(10_000, 10.0, stall_s=2.0, write_s=600.0)  # Daly says ~355 s
+    assert slow.write_bound and slow.interval_s == 600.0
+    assert slow.lost_work_per_failure_s == pytest.approx((600.0 + 2.0) / 2 + 600.0)
+    assert "WRITE-BOUND" in slow.describe() and "background write: 10.0 min" in slow.describe()
+
+
+def test_the_checkpointer_feeds_the_write_time_so_mtbf_saves_are_not_skipped_as_busy(tmp_path):
+    import time
+
+    import torch
+
+    from ckptflow.training_hooks import Checkpointer, ModelState
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 16)
+    state = {"app": ModelState(model, torch.optim.SGD(model.parameters(), lr=0.1))}
+    # A 3.6 s system MTBF and a millisecond stall: Daly says a save every ~0.1-0.2 s, but each
+    # write takes over 0.6 s (a slow disk, injected by the write hook).
+    cadence = Cadence.mtbf(
+        component_mtbf_hours=0.001, components=1, initial_stall_s=0.001, min_interval_s=0.01
+    )
+    ckpt = Checkpointer(run="busy", root=tmp_path, cadence=cadence, write_hook=lambda _name: time.sleep(0.6))
+    try:
+        assert ckpt.save(1, state)
+        ckpt.wait()  # the write is measured before wait() returns
+        assert cadence.write_s is not None and cadence.write_s >= 0.6 and cadence.interval_s >= 0.6
+        skipped_before = ckpt.stats.skipped_busy
+        started_before = ckpt.stats.saves_started
+        for step in range(2, 60):  # ~3 s of 50 ms steps
+            time.sleep(0.05)
+            ckpt.maybe_save(step, state)
+        ckpt.wait()
+    finally:
+        ckpt.close()
+    saves = ckpt.stats.saves_started - started_before
+    skipped = ckpt.stats.skipped_busy - skipped_before
+    assert saves >= 2
+    # Without the floor each save was followed by ~10 busy skips; with it, at most a step's jitter.
+    assert skipped <= saves, (saves, skipped)
+
+
 def test_mtbf_describe():
     cadence = Cadence.mtbf(component_mtbf_hours=87_660.0, components=10_000, initial_stall_s=10.0)
     text = cadence.describe()

@@ -184,6 +184,15 @@ def test_cadence_restart_time_adds_to_lost_work():
     assert "expected lost work per failure: 13.0 min" in output  # 3.0 min + 10 min
 
 
+def test_cadence_write_time_floors_the_interval_and_adds_to_lost_work():
+    code, output = _invoke(
+        "cadence", "--gpus", "10000", "--mtbf-years", "10", "--stall-s", "2", "--write-s", "600"
+    )
+    assert code == 0, output
+    assert "WRITE-BOUND, interval 10.0 min" in output  # Daly's 5.9 min cannot be kept
+    assert "expected lost work per failure: 15.0 min" in output  # (600 + 2) / 2 s + 600 s
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -104,8 +104,9 @@ def test_write_bound_interval_stretches_to_the_write_time():
     slow = replace(SEED, write_bandwidth=1 * GB)  # 500 s per write, Daly would say ~56 s
     p = project(slow)
     assert p.write_bound
-    assert p.interval_s + p.stall_s == pytest.approx(p.write_s)
-    assert p.lost_work_s == pytest.approx(1.5 * p.write_s + p.restore_s + 300.0)
+    # One save in flight, and the next stall starts after the write: a period is the stall + the write.
+    assert p.interval_s + p.stall_s == pytest.approx(p.stall_s + p.write_s)
+    assert p.lost_work_s == pytest.approx((p.stall_s + p.write_s) / 2 + p.write_s + p.restore_s + 300.0)
     assert p.effective_ratio < project(SEED).effective_ratio
 
 
