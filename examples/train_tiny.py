@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         loss = torch.nn.functional.mse_loss(forward(x[mine]), y[mine])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        ckpt.wait_staged()  # the fence: the staged copy must be complete before parameters change
+        ckpt.wait_staged()  # the staged copy is complete (on CUDA this stream already waits for it)
         optimizer.step()
         scheduler.step()
         global_loss = loss.detach().clone()

@@ -6,7 +6,7 @@ ckpt = Checkpointer(run="demo", root="/nvme/ckpt", catalog="sqlite:///ckpt.db",
 start = ckpt.restore(state)          # newest checkpoint that verifies; 0 on a fresh run
 for step in range(start, total):
     loss = train_step(...)
-    ckpt.wait_staged()               # fence before optimizer.step() mutates the tensors
+    ckpt.wait_staged()               # the copy is complete (GPU work on this stream waits anyway)
     optimizer.step()
     ckpt.maybe_save(step + 1, state, metrics={"loss": loss})
 ckpt.close()                         # drains the save in flight, re-raises its error
@@ -311,9 +311,11 @@ class Checkpointer:
     def save(self, step: int, state: dict[str, Any], metrics: dict[str, Any] | None = None) -> bool:
         """Stage ``state`` and write it as checkpoint ``step`` in the background.
 
-        Returns True if a save was started. Blocks only for the copy into host buffers (and, on an
-        accelerator, not even for that: call :meth:`wait_staged` before ``optimizer.step()``).
-        Call it on every rank with the same step.
+        Returns True if a save was started. Blocks only for the copy into host buffers (and, on a
+        GPU, not even for that: the copy is queued on a side stream, and the current stream waits
+        for it before running anything queued after this call, so the next forward pass and
+        ``optimizer.step()`` see, and change, the state only after it is copied; see
+        :meth:`wait_staged`). Call it on every rank with the same step.
         """
         if self._closed:
             raise RuntimeError("Checkpointer.save: the checkpointer is closed")
@@ -451,7 +453,11 @@ class Checkpointer:
         self._inflight = None
 
     def wait_staged(self) -> None:
-        """Fence: return once the staged copy is complete. Call before ``optimizer.step()``."""
+        """Return once the staged copy of the last save is complete (at once on CPU).
+
+        Not needed for work on the stream that was current at :meth:`save` (it already waits for
+        the copy, without blocking the CPU); call it before work on another CUDA stream changes
+        the saved tensors. Harmless anywhere, e.g. before ``optimizer.step()``."""
         self._stager.wait()
 
     def wait(self) -> SaveStats | None:

@@ -4,9 +4,14 @@ Buffers are allocated once and reused by every later save (no page faults, no al
 they are re-allocated only for a tensor whose shape or dtype changed. :meth:`HostStager.reserve`
 allocates and touches them ahead of time (the Checkpointer does so at restore), so even the first
 save stalls for the copy alone, not for the kernel faulting in fresh pages (~2 s per GiB here). Tensors on
-an accelerator are copied into pinned buffers with ``non_blocking=True`` on a side stream, and an
-event marks the end of the copy: :meth:`HostStager.wait` is the fence that must pass before the
-optimizer mutates the parameters. On CPU the copy is synchronous and the fence is free.
+a GPU are copied into pinned buffers with ``non_blocking=True`` on a side stream, fenced as
+:mod:`ckptflow.training_hooks.stream_ops` describes: the loop's stream waits for the copy's event
+before it runs anything queued after :meth:`HostStager.stage` (so the next forward pass or
+``optimizer.step()`` cannot change a tensor the copy has not read yet), without blocking the CPU,
+and the sources are kept from reuse until the copy is done. :meth:`HostStager.wait` blocks the CPU
+until the copy is complete: the background writer calls it before reading the buffers, and a loop
+needs it only before work on another stream changes the state. On CPU the copy is synchronous and
+the fence is free.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from ckptflow.training_hooks.stream_ops import CudaStreamOps, StreamOps, fenced_copy
+
 Path = tuple[Any, ...]
 
 
@@ -28,6 +35,7 @@ class _Counters:
     bytes: int = 0
     reallocated: int = 0
     used: set[Path] = field(default_factory=set)
+    side_stream: Any = None  # the stream the copies are queued on; None: synchronous (CPU)
 
 
 @dataclass
@@ -38,7 +46,7 @@ class StageResult:
     bytes: int
     seconds: float
     reallocated_bytes: int
-    event: Any = None  # CUDA event recorded after the last copy; None on CPU
+    event: Any = None  # CUDA event recorded after the last copy (the loop's stream waits on it); None on CPU
 
 
 class HostStager:
@@ -46,11 +54,19 @@ class HostStager:
 
     At most one staged copy exists at a time: the caller (the Checkpointer) must not stage again
     before the background writer is done with the previous copy.
+
+    ``pin_memory`` (default: whether CUDA is available) pins the buffers of device tensors and
+    copies them asynchronously on a side stream; ``stream_ops`` are the stream and event calls
+    (default: :class:`~ckptflow.training_hooks.stream_ops.CudaStreamOps` when CUDA is available;
+    tests pass a recorder).
     """
 
-    def __init__(self, pin_memory: bool | None = None) -> None:
+    def __init__(self, pin_memory: bool | None = None, stream_ops: StreamOps | None = None) -> None:
         self._buffers: dict[Path, torch.Tensor] = {}
         self._pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self._ops = (
+            stream_ops if stream_ops is not None else (CudaStreamOps() if torch.cuda.is_available() else None)
+        )
         self._event: Any = None
         self._stream: Any = None
 
@@ -80,6 +96,10 @@ class HostStager:
         buf, fresh = self._buffer_for(path, src)
         if fill:
             buf.copy_(src, non_blocking=src.is_cuda)
+            if counters.side_stream is not None:
+                # The side stream reads ``src`` later; a tensor the state dict made for this save may
+                # be dropped by the caller before that: its memory must not be reused until then.
+                self._ops.keep_alive(src, counters.side_stream)  # type: ignore[union-attr]
         counters.bytes += buf.numel() * buf.element_size()
         counters.reallocated += fresh
         counters.used.add(path)
@@ -123,18 +143,21 @@ class HostStager:
         return twin, counters.reallocated
 
     def stage(self, state_dict: dict[str, Any]) -> StageResult:
-        """Copy every tensor of ``state_dict`` into the reused buffers; return the staged twin."""
+        """Copy every tensor of ``state_dict`` into the reused buffers; return the staged twin.
+
+        On a GPU this queues the copies and returns without waiting for them; the current stream
+        then runs nothing queued after this call before the copy is done (see the module docstring).
+        The staged twin's buffers hold the state only once :meth:`wait` has returned.
+        """
         start = time.perf_counter()
         counters = _Counters()
-        if torch.cuda.is_available() and self._pin:
+        if self._ops is not None and self._pin:
             if self._stream is None:
-                self._stream = torch.cuda.Stream()
-            # The side stream must see every kernel already queued that writes these tensors.
-            self._stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self._stream):
-                staged = self._walk(state_dict, (), counters)
-                self._event = torch.cuda.Event()
-                self._event.record(self._stream)
+                self._stream = self._ops.new_stream()
+            counters.side_stream = self._stream
+            staged, self._event = fenced_copy(
+                self._ops, self._stream, lambda: self._walk(state_dict, (), counters)
+            )
         else:
             staged = self._walk(state_dict, (), counters)
             self._event = None
@@ -147,7 +170,11 @@ class HostStager:
         )
 
     def wait(self) -> None:
-        """Block until the staged copy is complete (the fence before ``optimizer.step()``)."""
+        """Block the CPU until the staged copy is complete (at once on CPU).
+
+        Work queued on the current stream after :meth:`stage` needs no wait (that stream already
+        waits for the copy); call this before the host buffers are read, or before work on another
+        stream changes the staged tensors."""
         wait_for(self._event)
 
 
