@@ -18,6 +18,7 @@ from rich.table import Table
 from ckptflow.cli_drill import register as register_drill_commands
 from ckptflow.cli_errors import catalog_url as resolve_catalog_url
 from ckptflow.cli_errors import fail as _fail
+from ckptflow.cli_errors import run_name
 from ckptflow.cli_pipeline import register as register_pipeline_commands
 from ckptflow.cli_plan import plan_command
 from ckptflow.cli_restore import register as register_restore_commands
@@ -172,7 +173,7 @@ def catalog_sync(
     config: Path | None = typer.Option(
         None, "--config", help="ckptflow.yaml (its catalog), instead of --catalog"
     ),
-    run: str | None = typer.Option(None, "--run", help="Only this run's checkpoints."),
+    run: str | None = typer.Option(None, "--run", help="Only this run's checkpoints.", callback=run_name),
 ) -> None:
     """Rebuild or repair catalog rows from the manifests under ROOT (a run's hot root)."""
     from sqlalchemy.exc import SQLAlchemyError

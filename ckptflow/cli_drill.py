@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ckptflow.cli_errors import catalog_url
+from ckptflow.cli_errors import catalog_url, run_name
 from ckptflow.cli_errors import fail as _fail
 from ckptflow.policy.yaml_source import ConfigError
 
@@ -66,7 +66,7 @@ def drill_run(
 def drill_history(
     config: Path = typer.Option(None, "--config", help="ckptflow.yaml (its catalog)"),
     catalog: str = typer.Option(None, "--catalog", help="catalog URL or SQLite path instead of --config"),
-    run: str = typer.Option(None, "--run", help="only this run's drills"),
+    run: str = typer.Option(None, "--run", help="only this run's drills", callback=run_name),
     limit: int = typer.Option(50, "--limit", min=1, help="newest drills to show"),
     png: Path = typer.Option(None, "--png", help="also plot RTO and loss delta over time to this PNG"),
 ) -> None:

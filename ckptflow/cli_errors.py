@@ -16,6 +16,20 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(EXIT_ERROR)
 
 
+def run_name(param: typer.CallbackParam, value: str | None) -> str | None:
+    """Typer callback of every ``--run``/``RUN``: a run name is a path component on every tier, so
+    it is checked before anything reads or writes (``ckptflow.storage.run_names``)."""
+    from ckptflow.storage.run_names import check_run_name  # noqa: PLC0415 - keeps ``--help`` fast
+
+    if value is None:
+        return None
+    shown = (param.name or "run").upper() if param.param_type_name == "argument" else param.opts[0]
+    try:
+        return check_run_name(value, shown)
+    except ValueError as exc:
+        fail(str(exc))
+
+
 def catalog_url(catalog: str | None, config: Path | None) -> str:
     """The catalog URL from exactly one of ``--catalog URL`` or ``--config ckptflow.yaml``."""
     from ckptflow.policy.config import load_config  # noqa: PLC0415 - keeps ``--help`` fast

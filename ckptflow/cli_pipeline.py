@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from ckptflow.cli_errors import fail as _fail
+from ckptflow.cli_errors import run_name
 from ckptflow.policy.yaml_source import ConfigError
 
 DEFAULT_STACK_DIR = Path(".scratch/stack")
@@ -80,7 +81,7 @@ def prefect_env(config_path: Path) -> Any:
 
 
 def promote_command(
-    run: str = typer.Argument(...),
+    run: str = typer.Argument(..., callback=run_name),
     step: int = typer.Argument(...),
     config: Path = typer.Option(..., "--config", help="ckptflow.yaml"),
 ) -> None:

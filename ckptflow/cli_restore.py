@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 
 from ckptflow.cli_errors import fail as _fail
+from ckptflow.cli_errors import run_name
 from ckptflow.cli_progress import TransferBar
 from ckptflow.policy.yaml_source import ConfigError
 
@@ -28,7 +29,7 @@ def _rate(nbytes: int, seconds: float) -> str:
 
 def restore_command(
     config: Path = typer.Option(..., "--config", help="ckptflow.yaml (its tiers)"),
-    run: str = typer.Option(..., "--run", help="The run to restore a checkpoint of."),
+    run: str = typer.Option(..., "--run", help="The run to restore a checkpoint of.", callback=run_name),
     to: Path = typer.Option(
         ..., "--to", help="Directory to restore into, as DIR/step-N; never inside a tier's root."
     ),

@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ckptflow.cli_errors import fail as _fail
+from ckptflow.cli_errors import run_name
 from ckptflow.policy.yaml_source import ConfigError
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ def _budget_line(report: StatusReport) -> str:
 
 def status_command(
     config: Path = typer.Option(..., "--config", help="ckptflow.yaml (its catalog, tiers and prices)"),
-    run: str | None = typer.Option(None, "--run", help="Only this run."),
+    run: str | None = typer.Option(None, "--run", help="Only this run.", callback=run_name),
     policy: Path | None = typer.Option(
         None, "--policy", help="retention.yaml for the budget (default: retention.yaml beside --config)"
     ),

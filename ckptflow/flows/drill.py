@@ -25,6 +25,7 @@ from prefect.artifacts import create_markdown_artifact
 from ckptflow.catalog import Catalog, Drill
 from ckptflow.policy.drill_spec import load_drill_spec
 from ckptflow.policy.yaml_source import ConfigError
+from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks import drill_ops
 from ckptflow.tasks.drill_tasks import (
     choose_and_pin,
@@ -56,6 +57,10 @@ def recovery_drill(spec_path: str, config_path: str | None = None) -> dict[str, 
     started = time.time()
     logger = get_run_logger()
     spec = load_drill_spec(spec_path)
+    try:
+        check_run_name(spec.run, f"{spec_path}: field 'run'")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     config_path = config_path or spec.config
     if not config_path:
         raise ConfigError(f"{spec_path}: field 'config': required when no config path is passed")

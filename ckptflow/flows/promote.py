@@ -21,6 +21,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.task_runners import TaskRunner
 
 from ckptflow.flows.runners import batch_count, submit, task_runner_for
+from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica
 from ckptflow.tasks.replica_tasks import (
     commit_replica,
@@ -100,6 +101,8 @@ def _promote_to(
 @flow(name="promote", log_prints=False)
 def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
     """Copy checkpoint (run, step) from the hot tier to every colder tier, verifying each copy."""
+    # The staged event's payload fills ``run``: whoever can post an event chooses it.
+    check_run_name(run, "promote: parameter 'run'")
     logger = get_run_logger()
     config_path = str(Path(config_path).resolve())  # Dask workers may run in another directory
     config, _ = load(config_path)

@@ -19,15 +19,24 @@ from ckptflow.catalog import STAGED_EVENT, Catalog, ReplicaState
 from ckptflow.catalog.sync import sync_from_root
 from ckptflow.flows.promote import promote
 from ckptflow.storage import layout
+from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks.catalog_tasks import record_replica
 from ckptflow.tasks.replica_tasks import cleanup_tier, replica_present
 from ckptflow.tasks.retention_ops import reconcile_retention
 from ckptflow.tasks.tiers import load
 
 
-def _runs_on_hot(hot_root: str) -> list[str]:
+def _runs_on_hot(hot_root: str) -> tuple[list[str], list[str]]:
+    """(run directories under the hot root, why each other directory is not one): a name that is
+    not a run name (``lost+found``, a stray directory) is reported and left alone."""
     root = Path(hot_root)
-    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    runs, skipped = [], []
+    for path in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        try:
+            runs.append(check_run_name(path.name, str(path)))
+        except ValueError as exc:
+            skipped.append(str(exc))
+    return runs, skipped
 
 
 @flow(name="reconcile", log_prints=False)
@@ -50,7 +59,10 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
         )
     catalog = Catalog.open(config.catalog)
     try:
-        for run in _runs_on_hot(str(hot.root)):  # type: ignore[attr-defined]
+        runs, skipped = _runs_on_hot(str(hot.root))  # type: ignore[attr-defined]
+        for reason in skipped:
+            logger.warning("not a run directory, skipped: %s", reason)
+        for run in runs:
             sync_from_root(catalog, str(hot.run_dir(run)), run=run)  # type: ignore[attr-defined]
             pending = [
                 step

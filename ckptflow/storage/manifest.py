@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ckptflow.storage import checksums
+from ckptflow.storage.run_names import check_run_name
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "ckptflow.manifest"
@@ -253,8 +254,13 @@ def _parse_cached(data: bytes, where: str) -> Manifest:
     metrics = body.get("metrics", {})
     if not isinstance(metrics, dict):
         raise ManifestError(f"{where}: field 'metrics' must be an object")
+    run = _require(body, "run", str, where)
+    try:
+        check_run_name(run, f"{where}: field 'run'")
+    except ValueError as exc:  # a manifest naming '../x' must never become a tier path
+        raise ManifestError(str(exc)) from None
     return Manifest(
-        run=_require(body, "run", str, where),
+        run=run,
         step=step,
         world_size=world,
         save_id=_require(body, "save_id", str, where),

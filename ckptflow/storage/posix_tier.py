@@ -27,6 +27,7 @@ from ckptflow.storage.manifest import (
     read_manifest,
     safe_relative_path,
 )
+from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.tier import Progress, TierError, TierVerifyReport, TransferResult
 from ckptflow.storage.verify import FileProblem, check_file, verify_files
 
@@ -51,7 +52,18 @@ class PosixTier:
         return f"PosixTier({self.name!r}, {str(self.root)!r})"
 
     def run_dir(self, run: str) -> Path:
-        return self.root / run
+        return self.root / check_run_name(run, f"{self.name} tier: run")
+
+    def _inside_root(self, path: Path, verb: str) -> Path:
+        """``path`` if it resolves (symlinks followed) to a place under the tier root; deletes and
+        purges call this last, so a symlinked run or step directory never takes them elsewhere."""
+        root, resolved = self.root.resolve(), path.resolve()
+        if resolved == root or not resolved.is_relative_to(root):
+            raise TierError(
+                f"{self.name}: refusing to {verb} {path}: it resolves to {resolved}, outside the tier root "
+                f"{root}; replace the symlink with the directory itself"
+            )
+        return path
 
     def path(self, run: str, step: int) -> Path:
         return self.run_dir(run) / layout.committed_name(step)
@@ -324,6 +336,7 @@ class PosixTier:
         directory = self.path(run, step)
         if not directory.exists():
             return
+        self._inside_root(directory, "delete")
         # Manifest first: from this instant no reader sees a checkpoint here.
         (directory / MANIFEST_NAME).unlink(missing_ok=True)
         fsync_path(directory)
@@ -343,6 +356,7 @@ class PosixTier:
         directory = self.path(run, step)
         if not (directory / MANIFEST_NAME).is_file():
             raise TierError(f"{self.name}: no committed checkpoint at {directory} to soft-delete")
+        self._inside_root(directory, "soft-delete")
         trash = directory.with_name(f"{directory.name}{TRASH_MARK}{trash_stamp()}")
         os.rename(directory, trash)
         fsync_path(directory.parent)
@@ -373,6 +387,7 @@ class PosixTier:
         for trash in targets:
             if not trash.exists():
                 continue
+            self._inside_root(trash, "purge")
             # Renamed to .deleting- first: an interrupted rmtree leaves what cleanup_stale removes.
             doomed = trash.with_name(trash.name.replace(TRASH_MARK, ".deleting-", 1))
             os.rename(trash, doomed)
@@ -397,7 +412,8 @@ class PosixTier:
         removed: list[str] = []
         if not self.root.is_dir():
             return removed
-        for run_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+        # A run directory that is a symlink to elsewhere is not this tier's to clean.
+        for run_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.is_symlink()):
             removed += [str(p) for p in layout.remove_stale_partials(run_dir, older_than_s)]
             for doomed in run_dir.glob("step-*.deleting-*"):
                 shutil.rmtree(doomed, ignore_errors=True)

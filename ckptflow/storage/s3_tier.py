@@ -36,6 +36,7 @@ from ckptflow.storage.manifest import (
     safe_relative_path,
 )
 from ckptflow.storage.posix_tier import TRASH_MARK, trash_stamp
+from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.s3_client import S3Bucket, S3Credentials, stored_problem
 from ckptflow.storage.s3_transfer import (
     DEFAULT_PART_SIZE,
@@ -99,6 +100,11 @@ class S3Tier:
             raise ValueError(f"part_size must be between 5 MiB and 5 GiB (S3's limits), got {part_size}")
         if max_concurrency < 1 or max_attempts < 1:
             raise ValueError("max_concurrency and max_attempts must be >= 1")
+        if any(part in (".", "..") for part in prefix.split("/")):
+            raise ValueError(
+                f"prefix: {prefix!r} has a '.' or '..' segment; S3 keys are not paths, and a server that "
+                "resolves them would put this tier outside its prefix; write the prefix without them"
+            )
         self.name = name
         self.bucket = bucket
         self.prefix = prefix.strip("/")
@@ -141,14 +147,18 @@ class S3Tier:
         )
 
     # ------------------------------------------------------------------------------ layout
+    def _run_key(self, run: str) -> str:
+        """``<prefix>/<run>/``: the run name checked, so no key of this tier leaves its prefix."""
+        return "/".join(p for p in (self.prefix, check_run_name(run, f"{self.name} tier: run")) if p) + "/"
+
     def _step_key(self, run: str, step: int) -> str:
-        return "/".join(p for p in (self.prefix, run, f"step-{step}") if p) + "/"
+        return f"{self._run_key(run)}step-{step}/"
 
     def uri(self, run: str, step: int) -> str:
         return f"s3://{self.bucket}/{self._step_key(run, step).rstrip('/')}"
 
     def list_steps(self, run: str) -> list[int]:
-        run_prefix = "/".join(p for p in (self.prefix, run) if p) + "/"
+        run_prefix = self._run_key(run)
         candidates = []
         for item in self.s3.paginate("list_objects_v2", "CommonPrefixes", Prefix=run_prefix, Delimiter="/"):
             match = _STEP_PREFIX.search(item["Prefix"])

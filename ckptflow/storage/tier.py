@@ -5,7 +5,9 @@ A tier holds checkpoints under ``<tier root>/<run>/step-<N>/`` (POSIX) or
 its manifest does: POSIX tiers publish a fully written, fsynced directory by rename; object stores
 upload every file first and the manifest object last. Readers ignore anything without a manifest.
 
-URIs are plain strings: a ``pathlib.Path`` would mangle ``s3://``.
+URIs are plain strings: a ``pathlib.Path`` would mangle ``s3://``. Every method taking ``run``
+checks it first (``ckptflow.storage.run_names``: one path component, never ``..``) and raises
+ValueError otherwise; deletes and purges also refuse a path that resolves outside the tier root.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from ckptflow.policy.config import load_config
 from ckptflow.storage import layout
 from ckptflow.storage.from_config import build_tiers
 from ckptflow.storage.manifest import MANIFEST_NAME, finite_metrics
+from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.tier import Tier
 from ckptflow.training_hooks import nodes, ranks
 from ckptflow.training_hooks.cadence import Cadence, CadenceMode
@@ -86,7 +87,8 @@ class Checkpointer:
     """Async, atomic, checksummed checkpoints of a dict of Stateful objects, and their restore.
 
     Args:
-        run: name of the training run (recorded in manifests and the catalog).
+        run: name of the training run (recorded in manifests and the catalog); one path component
+            (``ckptflow.storage.run_names``).
         root: this node's checkpoint directory (the hot tier). Recommended: node-local NVMe at the
             same path on every node; each node then keeps its own ranks' part of every checkpoint
             and no node ever reads another's disk. One shared filesystem for every rank works too
@@ -126,8 +128,7 @@ class Checkpointer:
         read_hook: ReadHook | None = None,
         on_phase: Callable[[str], None] | None = None,
     ) -> None:
-        if not run or not all(c.isalnum() or c in "-_." for c in run):
-            raise ValueError(f"Checkpointer.run: use letters, digits, '-', '_' or '.', got {run!r}")
+        check_run_name(run, "Checkpointer.run")
         if options is not None and not isinstance(options, CheckpointOptions):
             raise TypeError(
                 f"Checkpointer.options: expected a CheckpointOptions, got {type(options).__name__}; "
