@@ -61,7 +61,8 @@ class S3TierConfig(_Strict):
         default=None, description="prefix of <PREFIX>ACCESS_KEY_ID / <PREFIX>SECRET_ACCESS_KEY variables"
     )
     credentials_file: str | None = Field(
-        default=None, description="JSON file with accessKey/secretKey (0600)"
+        default=None,
+        description="JSON file with access_key_id/secret_access_key; refused unless mode 0600 or 0400",
     )
     price_per_gb_month: float = Field(default=0.023, ge=0)
     part_size_mib: int | None = Field(default=None, ge=5, le=5120)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from ckptflow.policy.config import CkptflowConfig, PosixTierConfig, S3TierConfig
+from ckptflow.policy.secret_file import read_secret_file
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.tier import Tier
 
@@ -26,10 +27,11 @@ def s3_credentials(cfg: S3TierConfig) -> object | None:
             return found
     if cfg.credentials_file:
         path = Path(os.path.expanduser(cfg.credentials_file))
+        text = read_secret_file(path, "S3 credentials")  # refused unless only its owner can read it
         try:
-            body = json.loads(path.read_text())
+            body = json.loads(text)
             return S3Credentials(body["access_key_id"], body["secret_access_key"])
-        except (OSError, ValueError, KeyError) as exc:
+        except (TypeError, ValueError, KeyError) as exc:
             raise ValueError(
                 f"{path}: cannot read S3 credentials ({type(exc).__name__}); the file must be JSON with "
                 "'access_key_id' and 'secret_access_key' (mode 0600)"

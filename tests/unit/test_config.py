@@ -268,12 +268,36 @@ def test_a_missing_credentials_file_is_named(tmp_path: Path, monkeypatch: pytest
 def test_a_malformed_credentials_file_is_named_without_its_secret(tmp_path: Path, body: str) -> None:
     secret_file = tmp_path / "s3.json"
     secret_file.write_text(body)
+    secret_file.chmod(0o600)
     config = cold_with(tmp_path, f"    credentials_file: {secret_file}\n")
     with pytest.raises(ValueError) as failure:
         build_tiers(config)
     text = str(failure.value)
     assert str(secret_file) in text and "access_key_id" in text  # says what the file must hold
     assert SECRET not in text and failure.value.__cause__ is None
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660, 0o606], ids=lambda mode: f"{mode:04o}")
+def test_a_credentials_file_others_can_read_or_change_is_refused_naming_the_fix(
+    tmp_path: Path, mode: int
+) -> None:
+    secret_file = tmp_path / "s3.json"
+    secret_file.write_text(json.dumps({"access_key_id": "AKFILE", "secret_access_key": SECRET}))
+    secret_file.chmod(mode)
+    config = cold_with(tmp_path, f"    credentials_file: {secret_file}\n")
+    with pytest.raises(ValueError) as failure:
+        build_tiers(config)
+    text = str(failure.value)
+    assert text.startswith(f"{secret_file}: the S3 credentials file has mode {mode:04o}"), text
+    assert text.endswith(f"chmod 600 {secret_file}") and SECRET not in text and "AKFILE" not in text
+    secret_file.chmod(0o400)  # owner read-only is private too
+    assert build_tiers(config)["cold"].credentials.secret_access_key == SECRET  # type: ignore[attr-defined]
+
+
+def test_a_credentials_path_that_is_a_directory_is_named(tmp_path: Path) -> None:
+    config = cold_with(tmp_path, f"    credentials_file: {tmp_path}\n")
+    with pytest.raises(ValueError, match=rf"^{tmp_path}: the S3 credentials file is not a regular file"):
+        build_tiers(config)
 
 
 def test_no_credentials_configured_leaves_the_aws_chain(
