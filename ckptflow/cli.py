@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ckptflow.cli_drill import register as register_drill_commands
+from ckptflow.cli_errors import catalog_failure, run_name
 from ckptflow.cli_errors import catalog_url as resolve_catalog_url
 from ckptflow.cli_errors import fail as _fail
-from ckptflow.cli_errors import run_name
 from ckptflow.cli_pipeline import register as register_pipeline_commands
 from ckptflow.cli_plan import plan_command
 from ckptflow.cli_restore import register as register_restore_commands
@@ -189,9 +189,9 @@ def catalog_sync(
         catalog = Catalog.open(catalog_url)
         report = sync_from_root(catalog, str(root), run=run)
     except (ValueError, OSError) as exc:
-        _fail(str(exc))
+        _fail(str(exc))  # a bad URL's ValueError already shows it without its password
     except SQLAlchemyError as exc:
-        _fail(f"catalog {catalog_url}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        catalog_failure(exc, catalog_url)
     finally:
         if catalog is not None:
             catalog.dispose()

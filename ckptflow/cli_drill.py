@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ckptflow.cli_errors import catalog_url, run_name
+from ckptflow.cli_errors import catalog_failure, catalog_url, run_name
 from ckptflow.cli_errors import fail as _fail
 from ckptflow.policy.yaml_source import ConfigError
 
@@ -72,15 +72,23 @@ def drill_history(
 ) -> None:
     """The drill history as a table (newest last), optionally plotted."""
     import pandas as pd  # noqa: PLC0415
+    from sqlalchemy.exc import SQLAlchemyError  # noqa: PLC0415
 
     from ckptflow.catalog import Catalog  # noqa: PLC0415
     from ckptflow.tasks.drill_history import history_frame, plot_history  # noqa: PLC0415
 
-    db = Catalog.open(catalog_url(catalog, config))
+    url = catalog_url(catalog, config)
+    db = None
     try:
+        db = Catalog.open(url)
         frame = history_frame(db.drills(run, limit=limit))
+    except ValueError as exc:
+        _fail(str(exc))
+    except SQLAlchemyError as exc:
+        catalog_failure(exc, url)
     finally:
-        db.dispose()
+        if db is not None:
+            db.dispose()
     if frame.empty:
         typer.echo("no drills recorded" + (f" for run {run!r}" if run else ""))
         return

@@ -16,6 +16,15 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(EXIT_ERROR)
 
 
+def catalog_failure(exc: BaseException, url: str) -> NoReturn:
+    """A database error as one line naming the catalog, never its password (a PostgreSQL URL may
+    carry one, and a driver may quote it back)."""
+    from ckptflow.catalog.redact import redacted, shown_url  # noqa: PLC0415 - SQL only on failure
+
+    first = (str(exc).splitlines() or [""])[0]
+    fail(f"catalog {shown_url(url)}: {type(exc).__name__}: {redacted(first, url)}")
+
+
 def run_name(param: typer.CallbackParam, value: str | None) -> str | None:
     """Typer callback of every ``--run``/``RUN``: a run name is a path component on every tier, so
     it is checked before anything reads or writes (``ckptflow.storage.run_names``)."""

@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ckptflow.cli_errors import catalog_failure, run_name
 from ckptflow.cli_errors import fail as _fail
-from ckptflow.cli_errors import run_name
 from ckptflow.policy.yaml_source import ConfigError
 
 if TYPE_CHECKING:
@@ -119,6 +119,7 @@ def status_command(
     """Per run: newest committed step, newest verified step per tier, pending promotions, last drill, $/mo."""
     from sqlalchemy.exc import SQLAlchemyError  # noqa: PLC0415
 
+    from ckptflow.policy.config import load_config  # noqa: PLC0415
     from ckptflow.tasks.status_ops import status_report  # noqa: PLC0415
 
     if not config.is_file():
@@ -130,7 +131,7 @@ def status_command(
     except (ConfigError, ValueError, OSError) as exc:
         _fail(str(exc))
     except SQLAlchemyError as exc:
-        _fail(f"catalog: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        catalog_failure(exc, load_config(config).catalog)  # it loaded once already
     console = Console(width=max(120, Console().width))
     if report.runs:
         console.print(_runs_table(report))

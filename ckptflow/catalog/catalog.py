@@ -33,6 +33,7 @@ from ckptflow.catalog.models import (
     Run,
     utcnow,
 )
+from ckptflow.catalog.redact import shown_url
 from ckptflow.catalog.rows import (
     NotFound,
     commit_checkpoint,
@@ -75,9 +76,7 @@ class Catalog:
         return (type(self), (self.url,))
 
     def __repr__(self) -> str:
-        from sqlalchemy.engine import make_url
-
-        return f"Catalog({make_url(self.url).render_as_string(hide_password=True)!r})"
+        return f"Catalog({shown_url(self.url)!r})"
 
     @property
     def _engine(self) -> CatalogEngine:

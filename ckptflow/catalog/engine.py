@@ -23,6 +23,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+from ckptflow.catalog.redact import redacted, shown_url
+
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 # Execution option that marks an engine's transactions as writes (BEGIN IMMEDIATE on SQLite).
 WRITE_OPTION = "ckptflow_write"
@@ -69,13 +71,15 @@ def normalize_url(url: str) -> str:
     if not isinstance(url, str) or not url.strip():
         raise ValueError(f"catalog URL {url!r} is empty; {ACCEPTED_FORMS}")
     text = url.strip()
+    shown = shown_url(text)  # every message below names the URL without its password
     if "://" not in text:
-        return _sqlite_file(text, url).render_as_string(hide_password=False)
+        return _sqlite_file(text, shown).render_as_string(hide_password=False)
     try:
         parsed = make_url(text)
-    except ArgumentError as exc:
-        raise ValueError(f"catalog URL {text!r} cannot be parsed ({exc}); {ACCEPTED_FORMS}") from exc
-    shown = parsed.render_as_string(hide_password=True)
+    except (ArgumentError, ValueError) as exc:  # ValueError: e.g. a port that is not a number
+        raise ValueError(
+            f"catalog URL {shown!r} cannot be parsed ({redacted(str(exc), text)}); {ACCEPTED_FORMS}"
+        ) from None
     try:
         dialect_cls = parsed.get_dialect()
     except NoSuchModuleError as exc:
@@ -90,7 +94,7 @@ def normalize_url(url: str) -> str:
                 f"catalog URL {shown!r} is an in-memory or URI-style SQLite database; the catalog is "
                 f"shared between processes and must be a file. {ACCEPTED_FORMS}"
             )
-        return _sqlite_file(database, text).render_as_string(hide_password=False)
+        return _sqlite_file(database, shown).render_as_string(hide_password=False)
     try:
         dialect_cls.import_dbapi()
     except ImportError as exc:

@@ -36,8 +36,10 @@ class CatalogHandle:
             try:
                 return getattr(self._open(), method)(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - the catalog must never fail training
+                from ckptflow.catalog.redact import redacted  # noqa: PLC0415
+
                 self.failures += 1
-                self.last_error = f"{method}: {type(exc).__name__}: {exc}"
+                self.last_error = f"{method}: {type(exc).__name__}: {redacted(str(exc), self.url)}"
                 log.error(
                     "catalog %s failed (%s); training continues, run `ckptflow catalog sync` to repair",
                     method,
