@@ -10,11 +10,16 @@ error naming the file until one exists: see ``ckptflow.policy.drill_spec``).
 ``python -m ckptflow.flows.deployments --config ckptflow.yaml`` serves them (a long-running process;
 ``ckptflow services up`` starts it). The same deployments are declared for work pools in
 ``infra/prefect.yaml``.
+
+Whoever can create a flow run chooses its parameters, so a deployment's run reads its config, policy
+and drill spec only from the worker's ``CKPTFLOW_CONFIG_DIR`` (``ckptflow.flows.pinned``); serving
+sets it to the directory of ``--config`` unless the environment already names one that holds it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -24,6 +29,7 @@ from prefect.types.entrypoint import EntrypointType
 
 from ckptflow.catalog import STAGED_EVENT
 from ckptflow.flows.drill import recovery_drill
+from ckptflow.flows.pinned import CONFIG_DIR_ENV
 from ckptflow.flows.promote import promote
 from ckptflow.flows.reconcile import reconcile
 from ckptflow.flows.retention import apply_retention
@@ -113,7 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="path to ckptflow.yaml")
     ap.add_argument("--reconcile-interval-s", type=int, default=300)
     args = ap.parse_args(argv)
-    serve(*deployments(args.config, args.reconcile_interval_s), limit=8)
+    config = Path(args.config).resolve()
+    # Every served run is a child of this process: its environment pins where runs may read files.
+    pinned = Path(os.environ.setdefault(CONFIG_DIR_ENV, str(config.parent))).resolve()
+    if not config.is_relative_to(pinned):
+        ap.error(
+            f"--config {config} is outside {CONFIG_DIR_ENV}={pinned}, the only directory the served "
+            f"deployments' runs may read files from; move the config there or unset {CONFIG_DIR_ENV}"
+        )
+    serve(*deployments(str(config), args.reconcile_interval_s), limit=8)
     return 0
 
 

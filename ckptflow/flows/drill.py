@@ -23,6 +23,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from ckptflow.catalog import Catalog, Drill
+from ckptflow.flows.pinned import pinned_path
 from ckptflow.policy.drill_spec import load_drill_spec
 from ckptflow.policy.yaml_source import ConfigError
 from ckptflow.storage.run_names import check_run_name
@@ -56,6 +57,8 @@ def recovery_drill(spec_path: str, config_path: str | None = None) -> dict[str, 
     """
     started = time.time()
     logger = get_run_logger()
+    # The spec names code to import: a deployment's run reads it only from CKPTFLOW_CONFIG_DIR.
+    spec_path = pinned_path(spec_path, "spec_path")
     spec = load_drill_spec(spec_path)
     try:
         check_run_name(spec.run, f"{spec_path}: field 'run'")
@@ -64,7 +67,7 @@ def recovery_drill(spec_path: str, config_path: str | None = None) -> dict[str, 
     config_path = config_path or spec.config
     if not config_path:
         raise ConfigError(f"{spec_path}: field 'config': required when no config path is passed")
-    config_path = str(Path(config_path).resolve())
+    config_path = pinned_path(config_path, "config_path")  # or the spec's own config field
     config, _ = load(config_path)
     drill = Drill(
         run=spec.run,

@@ -13,13 +13,13 @@ process, or a Dask cluster (see ``ckptflow.flows.runners``); catalog writes stay
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.task_runners import TaskRunner
 
+from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.runners import batch_count, submit, task_runner_for
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica
@@ -104,7 +104,9 @@ def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
     # The staged event's payload fills ``run``: whoever can post an event chooses it.
     check_run_name(run, "promote: parameter 'run'")
     logger = get_run_logger()
-    config_path = str(Path(config_path).resolve())  # Dask workers may run in another directory
+    # Absolute (Dask workers may run in another directory), and for a deployment's run only under
+    # the worker's CKPTFLOW_CONFIG_DIR.
+    config_path = pinned_path(config_path, "config_path")
     config, _ = load(config_path)
     _, manifest = hot_manifest(config_path, run, step)
     checkpoint_id = ensure_checkpoint_row.fn(config_path, run, step)

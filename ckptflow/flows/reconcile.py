@@ -17,6 +17,7 @@ from prefect.artifacts import create_table_artifact
 
 from ckptflow.catalog import STAGED_EVENT, Catalog, ReplicaState
 from ckptflow.catalog.sync import sync_from_root
+from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.promote import promote
 from ckptflow.storage import layout
 from ckptflow.storage.run_names import check_run_name
@@ -43,6 +44,7 @@ def _runs_on_hot(hot_root: str) -> tuple[list[str], list[str]]:
 def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[str, Any]]:
     """Promote what the event path missed, clean interrupted work, mark vanished replicas LOST."""
     logger = get_run_logger()
+    config_path = pinned_path(config_path, "config_path")
     config, tiers = load(config_path)
     hot = tiers["hot"]
     colder = [t for t in config.tier_names() if t != "hot"]

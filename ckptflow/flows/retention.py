@@ -14,6 +14,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
+from ckptflow.flows.pinned import pinned_path
 from ckptflow.tasks.retention_ops import plan_table, tier_table
 from ckptflow.tasks.retention_tasks import emit_over_budget, reconcile_retention_task, retention_task
 
@@ -25,6 +26,8 @@ def apply_retention(
     """Plan retention (``policy_path`` defaults to ``retention.yaml`` beside the config); with
     ``apply`` soft-delete the plan and purge what is due. Returns a summary dict."""
     logger = get_run_logger()
+    config_path = pinned_path(config_path, "config_path")
+    policy_path = pinned_path(policy_path, "policy_path") if policy_path is not None else None
     reconciled = reconcile_retention_task(config_path) if apply else []
     report = retention_task(config_path, policy_path, apply, now_iso)
     plan = report.plan

@@ -10,13 +10,13 @@ or a Dask cluster (see ``ckptflow.flows.runners``); repairs and catalog writes s
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from ckptflow.catalog import Catalog, ReplicaState
+from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.runners import submit, task_runner_for
 from ckptflow.tasks.catalog_tasks import record_replica
 from ckptflow.tasks.replica_tasks import repair_replica, verify_replica
@@ -31,7 +31,7 @@ SCRUB_THREADS = 4  # thread-pool size with task_runner: threads
 def scrub(config_path: str, tiers: list[str] | None = None, repair: bool = True) -> list[dict[str, Any]]:
     """Verify every READY/CORRUPT replica on ``tiers`` (default warm and cold) and repair failures."""
     logger = get_run_logger()
-    config_path = str(Path(config_path).resolve())  # Dask workers may run in another directory
+    config_path = pinned_path(config_path, "config_path")  # absolute: Dask workers may run elsewhere
     config, _ = load(config_path)
     wanted = tiers or [t for t in config.tier_names() if t != "hot"]
     rows: list[dict[str, Any]] = []
