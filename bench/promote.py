@@ -57,7 +57,7 @@ from typing import Any
 
 import yaml
 
-from ckptflow.services.prefect_server import PrefectServer, free_port, server_env
+from ckptflow.services.prefect_server import PrefectServer, ensure_auth_file, free_port, server_env
 from ckptflow.services.seaweed import CREDENTIALS_NAME, SeaweedServer
 from ckptflow.storage import checksums
 from ckptflow.storage.atomic import syncfs, write_file_atomic
@@ -448,7 +448,8 @@ class PrefectBoot:
     """A Prefect server booting in the background (tens of seconds on 2 busy cores).
 
     Prefect reads its settings when imported, so they go into os.environ first; the API URL is
-    known in advance because the port is chosen here.
+    known in advance because the port is chosen here, and the auth string because its file is
+    created here (the server reads the same file).
     """
 
     def __init__(self, directory: Path) -> None:
@@ -456,6 +457,9 @@ class PrefectBoot:
         port = free_port()
         self.api_url = f"http://127.0.0.1:{port}/api"
         os.environ.update(server_env(directory / "prefect-home", self.api_url))
+        directory.mkdir(parents=True, exist_ok=True)
+        os.environ["PREFECT_API_AUTH_STRING"] = ensure_auth_file(directory).read_text().strip()
+        os.environ.pop("PREFECT_API_KEY", None)  # it would override the auth string (401)
         # The flow logs at INFO to the API, as deployed; only the console is kept to warnings.
         os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "WARNING"
         pool = ThreadPoolExecutor(1, thread_name_prefix="bench-prefect-boot")

@@ -65,7 +65,8 @@ def services_status(directory: Path = typer.Option(DEFAULT_STACK_DIR, "--dir")) 
 
 
 def prefect_env(config_path: Path) -> Any:
-    """Load the config and point this process's Prefect client at its server (never ephemeral)."""
+    """Load the config and point this process's Prefect client at its server (never ephemeral),
+    authenticated with the config's auth string (``prefect.auth_string_file``) when it names one."""
     from ckptflow.policy.config import load_config  # noqa: PLC0415
 
     try:
@@ -76,6 +77,12 @@ def prefect_env(config_path: Path) -> Any:
         _fail(f"{config_path}: field 'prefect.api_url' is required to run flows (no ephemeral server)")
     if config.prefect.api_url:
         os.environ["PREFECT_API_URL"] = config.prefect.api_url
+    try:
+        auth = config.prefect.auth_string()  # PREFECT_API_AUTH_STRING, else prefect.auth_string_file
+    except ValueError as exc:
+        _fail(str(exc))
+    if auth:
+        os.environ["PREFECT_API_AUTH_STRING"] = auth
     os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
     return config
 

@@ -59,13 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     stack = local_stack.up(work / "stack", serve=True, reconcile_interval_s=60)
     ok = False
     # This process's flow runs (retention, drill) report to the stack's server, never an ephemeral
-    # one: Prefect read its settings at import, so they are overridden here, not through os.environ.
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE, temporary_settings
+    # one, with its auth string: Prefect read its settings at import, so they are overridden here,
+    # not through os.environ.
+    from prefect.settings import temporary_settings
 
     try:
-        with temporary_settings(
-            {PREFECT_API_URL: stack.prefect.api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False}
-        ):
+        with temporary_settings(stack.prefect.client_settings()):
             ok = lifecycle(args, stack, run, runs_dir, reused, began)
     finally:
         if args.keep_up:
@@ -94,7 +93,8 @@ def lifecycle(
     print("3/5 training with node failures: SIGKILL during a save, then between saves ...", flush=True)
     result_json, log = runs_dir / "run.json", runs_dir / "run.log"
     argv = train_argv(args, ["--config", str(config), "--run", run, "--result", str(result_json)])
-    events = supervised_run_with_failures(argv, log)
+    # The training processes' staged events authenticate with the stack's auth string.
+    events = supervised_run_with_failures(argv, log, {"PREFECT_API_AUTH_STRING": stack.prefect.auth_string})
     if events is None:
         print(f"resumed run failed; see {log}")
         return False
@@ -145,17 +145,19 @@ def train_argv(args: argparse.Namespace, extra: list[str]) -> list[str]:
     ]
 
 
-def supervised_run_with_failures(argv: list[str], log: Path) -> list[tuple[str, int]] | None:
+def supervised_run_with_failures(
+    argv: list[str], log: Path, env: dict[str, str]
+) -> list[tuple[str, int]] | None:
     """Kill the training in a background save, then between saves; restart it each time."""
     events: list[tuple[str, int]] = []
-    proc = SupervisedProcess(argv, log_path=log)
+    proc = SupervisedProcess(argv, log_path=log, env=env)
     proc.wait_for(lambda line: line.startswith("START"), 120)
     for _ in range(3):
         proc.wait_for(lambda line: line == "PHASE writing", 120)
     proc.kill()
     events.append(("node lost during a background save at step", last_step(proc.seen)))
 
-    proc = SupervisedProcess(argv, log_path=log)
+    proc = SupervisedProcess(argv, log_path=log, env=env)
     start = proc.wait_for(lambda line: line.startswith("START"), 120)
     events.append(("restarted, resumed from step", int(start.split()[1]) if start else -1))
     proc.wait_for(lambda line: line == "PHASE done", 120)
@@ -164,7 +166,7 @@ def supervised_run_with_failures(argv: list[str], log: Path) -> list[tuple[str, 
     proc.kill()
     events.append(("node lost between saves at step", last_step(proc.seen)))
 
-    proc = SupervisedProcess(argv, log_path=log)
+    proc = SupervisedProcess(argv, log_path=log, env=env)
     start = proc.wait_for(lambda line: line.startswith("START"), 120)
     events.append(("restarted, resumed from step", int(start.split()[1]) if start else -1))
     return events if proc.wait() == 0 else None
@@ -272,6 +274,7 @@ def print_summary(config: Path, run: str, final: dict[str, Any], stack: Any, dri
         f"{drill.get('rto_objective_s')} s)"
     )
     print(f"    Prefect UI: {stack.prefect.ui_url}  (deployments, flow runs, artifacts, events)")
+    print(f"    Prefect login: the auth string in {stack.prefect.auth_file} (basic auth is on)")
 
 
 if __name__ == "__main__":

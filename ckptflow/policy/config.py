@@ -4,6 +4,7 @@
 catalog: sqlite:////var/lib/ckptflow/catalog.db     # any SQLAlchemy URL; PostgreSQL at scale
 prefect:
   api_url: http://127.0.0.1:4200/api                # never an ephemeral server on training ranks
+  auth_string_file: /etc/ckptflow/secrets/prefect_auth_string   # optional: user:password, mode 0600
   emit_timeout_s: 5
   task_runner: threads                              # or: dask (prefect-dask; see PrefectConfig)
 tiers:
@@ -24,16 +25,19 @@ checkpoint:                                         # the Checkpointer's options
   deadline_s: 600
   on_busy: skip
 ```
-Secrets never live in this file: credentials come from the environment or the AWS chain.
+Secrets never live in this file: credentials come from the environment, the AWS chain or the 0600
+files it names.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from ckptflow.policy.secret_file import SecretFileError, read_secret_file
 from ckptflow.policy.yaml_source import load_yaml, validate
 
 TIER_ORDER = ("hot", "warm", "cold")
@@ -81,9 +85,15 @@ class PrefectConfig(_Strict):
     of a running cluster, e.g. ``tcp://10.0.0.5:8786``; its workers must see the same paths (this
     file, POSIX tiers) and reach the Prefect API and S3. Without it, every flow run starts and stops a
     temporary local cluster (about 10 s more per run on a 2-core machine).
+
+    ``auth_string_file`` names a file holding the ``user:password`` of the server's basic auth
+    (readable by its owner only); ckptflow's Prefect clients (the training side's staged event, the
+    CLI's flow runs) send it unless ``PREFECT_API_AUTH_STRING`` is set. ``ckptflow services up``
+    writes one.
     """
 
     api_url: str | None = None
+    auth_string_file: str | None = Field(default=None, min_length=1)
     emit_timeout_s: float = Field(default=5.0, gt=0, le=120)
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = Field(default=None, min_length=1)
@@ -98,6 +108,18 @@ class PrefectConfig(_Strict):
                 f"a Dask scheduler address is used only with task_runner: dask (task_runner is "
                 f"{info.data['task_runner']!r}); set task_runner: dask, or remove dask_address"
             )
+        return value
+
+
+    def auth_string(self) -> str | None:
+        """``PREFECT_API_AUTH_STRING`` if set, else the content of ``auth_string_file``, else None."""
+        if os.environ.get("PREFECT_API_AUTH_STRING"):
+            return os.environ["PREFECT_API_AUTH_STRING"]
+        if self.auth_string_file is None:
+            return None
+        value = read_secret_file(self.auth_string_file, "Prefect auth string").strip()
+        if not value:
+            raise SecretFileError(f"{self.auth_string_file}: the Prefect auth string file is empty")
         return value
 
 

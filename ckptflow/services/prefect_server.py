@@ -2,6 +2,12 @@
 
 Its state (pid, port, API URL) is kept in ``<dir>/prefect-state.json`` so another process (the CLI's
 ``services down``) can find and stop it. Its database and settings live in ``<dir>/prefect-home``.
+
+Basic auth is always on: loopback is shared by every account on the machine, and whoever reaches
+the API can create flow runs. The ``user:password`` is generated once into ``<dir>/api-auth-string``
+(mode 0600) and given to the server as ``PREFECT_SERVER_API_AUTH_STRING``; every client of the stack
+gets it as ``PREFECT_API_AUTH_STRING`` (:meth:`PrefectServer.env`, :meth:`PrefectServer.client_settings`)
+or reads the file through ``prefect.auth_string_file`` in the stack's ``ckptflow.yaml``.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -18,8 +25,13 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from ckptflow.policy.secret_file import read_secret_file
 
 STATE_FILE = "prefect-state.json"
+AUTH_FILE = "api-auth-string"
+AUTH_USER = "ckptflow"
 
 
 def free_port() -> int:
@@ -43,6 +55,18 @@ def server_env(home: Path, api_url: str | None = None) -> dict[str, str]:
     return env
 
 
+def ensure_auth_file(directory: Path) -> Path:
+    """``<directory>/api-auth-string``, created 0600 with a new ``ckptflow:<random>`` if missing."""
+    path = directory / AUTH_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path
+    with os.fdopen(fd, "w") as out:
+        out.write(f"{AUTH_USER}:{secrets.token_urlsafe(32)}\n")
+    return path
+
+
 def healthy(api_url: str, timeout_s: float = 2.0) -> bool:
     headers = {}
     auth = os.environ.get("PREFECT_API_AUTH_STRING")
@@ -52,6 +76,20 @@ def healthy(api_url: str, timeout_s: float = 2.0) -> bool:
         request = urllib.request.Request(f"{api_url}/health", headers=headers)
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status == 200
+    except (urllib.error.URLError, TimeoutError, OSError):
+        return False
+
+
+def refuses_anonymous(api_url: str, timeout_s: float = 5.0) -> bool:
+    """True if the server answers a request without credentials with 401 (basic auth is on)."""
+    request = urllib.request.Request(
+        f"{api_url}/flows/count", data=b"{}", method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return False
+    except urllib.error.HTTPError as exc:
+        return exc.code == 401
     except (urllib.error.URLError, TimeoutError, OSError):
         return False
 
@@ -76,8 +114,35 @@ class PrefectServer:
     def home(self) -> Path:
         return self.directory / "prefect-home"
 
+    @property
+    def auth_file(self) -> Path:
+        return self.directory / AUTH_FILE
+
+    @property
+    def auth_string(self) -> str:
+        """``user:password`` of the server's basic auth (read from its 0600 file)."""
+        return read_secret_file(self.auth_file, "Prefect auth string").strip()
+
     def env(self) -> dict[str, str]:
-        return server_env(self.home, self.api_url)
+        """Environment of a client process of this server (serving, workers, training, the CLI).
+        Pass it without ``PREFECT_API_KEY``: a set API key overrides the auth string (401)."""
+        return {**server_env(self.home, self.api_url), "PREFECT_API_AUTH_STRING": self.auth_string}
+
+    def client_settings(self) -> dict[Any, Any]:
+        """The same as Prefect settings, for ``prefect.settings.temporary_settings`` in this process."""
+        from prefect.settings import (  # noqa: PLC0415 - Prefect only for a client in this process
+            PREFECT_API_AUTH_STRING,
+            PREFECT_API_KEY,
+            PREFECT_API_URL,
+            PREFECT_SERVER_ALLOW_EPHEMERAL_MODE,
+        )
+
+        return {
+            PREFECT_API_URL: self.api_url,
+            PREFECT_API_AUTH_STRING: self.auth_string,
+            PREFECT_API_KEY: None,
+            PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False,
+        }
 
     @classmethod
     def start(
@@ -87,10 +152,13 @@ class PrefectServer:
         directory.mkdir(parents=True, exist_ok=True)
         existing = cls.from_state(directory)
         if existing is not None and existing.alive() and healthy(existing.api_url):
-            return existing
+            if existing.auth_file.is_file() and refuses_anonymous(existing.api_url):
+                return existing
+            existing.stop()  # started without auth (by an older ckptflow): restart it with auth on
         port = port or free_port()
         home = directory / "prefect-home"
         home.mkdir(parents=True, exist_ok=True)
+        auth = read_secret_file(ensure_auth_file(directory), "Prefect auth string").strip()
         log = open(directory / "prefect-server.log", "ab")  # noqa: SIM115 - owned by the child
         prefect_bin = Path(sys.executable).with_name("prefect")
         proc = subprocess.Popen(
@@ -98,7 +166,12 @@ class PrefectServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             # The UI asks /ui-settings where its API is; unset, Prefect answers port 4200.
-            env={**os.environ, **server_env(home), "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"},
+            env={
+                **os.environ,
+                **server_env(home),
+                "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",
+                "PREFECT_SERVER_API_AUTH_STRING": auth,
+            },
             start_new_session=True,  # its own process group: stop() takes its children too
         )
         server = cls(directory, proc.pid, port)

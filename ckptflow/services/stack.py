@@ -1,13 +1,16 @@
-"""The local stack for development, tests and the demo: SeaweedFS (S3, auth on), a Prefect server,
-and a process serving the ckptflow deployments, all on 127.0.0.1, all stopped by process id.
+"""The local stack for development, tests and the demo: SeaweedFS (S3, auth on), a Prefect server
+(basic auth on), and a process serving the ckptflow deployments, all on 127.0.0.1, all stopped by
+process id.
 
 ``ckptflow services up`` writes ``<dir>/ckptflow.yaml`` describing the stack: SQLite catalog, hot
-and warm POSIX tiers under ``<dir>``, the cold tier in a SeaweedFS bucket whose generated
-credentials live in a 0600 file (never in the YAML).
+and warm POSIX tiers under ``<dir>``, the cold tier in a SeaweedFS bucket, and the Prefect API. The
+generated secrets (S3 keys, Prefect's auth string) live in 0600 files that the YAML names, never in
+it; every process the stack starts gets the auth string as ``PREFECT_API_AUTH_STRING``.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -43,6 +46,7 @@ class Stack:
             ("config", str(self.config_path)),
             ("prefect UI", self.prefect.ui_url),
             ("prefect API", self.prefect.api_url),
+            ("prefect auth", f"basic auth on; the UI asks for the content of {self.prefect.auth_file}"),
             ("S3 endpoint", f"{self.seaweed.endpoint_url} (bucket {BUCKET}, auth on)"),
             ("deployments", f"served by pid {self.serve_pid}" if self.serve_pid else "not served"),
         ]
@@ -52,7 +56,11 @@ def write_config(directory: Path, seaweed: SeaweedServer, prefect: PrefectServer
     """The stack's ckptflow.yaml (no secrets in it: the S3 key is read from the 0600 file)."""
     config = {
         "catalog": f"sqlite:///{directory / 'catalog.db'}",
-        "prefect": {"api_url": prefect.api_url, "emit_timeout_s": 5.0},
+        "prefect": {
+            "api_url": prefect.api_url,
+            "auth_string_file": str(prefect.auth_file),
+            "emit_timeout_s": 5.0,
+        },
         "tiers": {
             "hot": {"kind": "posix", "root": str(directory / "hot"), "price_per_gb_month": 0.0},
             "warm": {"kind": "posix", "root": str(directory / "warm"), "price_per_gb_month": 0.03},
@@ -82,6 +90,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def client_env(prefect: PrefectServer) -> dict[str, str]:
+    """This process's environment plus what a client of the stack's Prefect needs (the API URL and
+    the auth string), without ``PREFECT_API_KEY``, which would override the auth string (401)."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_KEY"}
+    return {**env, **prefect.env()}
+
+
 def start_serving(
     directory: Path, prefect: PrefectServer, config_path: Path, reconcile_interval_s: int
 ) -> int:
@@ -104,7 +119,7 @@ def start_serving(
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, **prefect.env()},
+        env=client_env(prefect),
         start_new_session=True,
     )
     state.write_text(json.dumps({"pid": proc.pid}))
@@ -114,12 +129,13 @@ def start_serving(
 def wait_for_deployments(prefect: PrefectServer, names: list[str], timeout_s: float = 120.0) -> None:
     """Block until every deployment name is registered on the server."""
     deadline = time.monotonic() + timeout_s
+    token = base64.b64encode(prefect.auth_string.encode()).decode()
     while time.monotonic() < deadline:
         request = urllib.request.Request(
             f"{prefect.api_url}/deployments/filter",
             data=b"{}",
             method="POST",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", "Authorization": f"Basic {token}"},
         )
         try:
             with urllib.request.urlopen(request, timeout=5) as response:

@@ -104,6 +104,8 @@ class Checkpointer:
         prefect_api_url: Prefect API (e.g. ``http://127.0.0.1:4200/api``) that receives the
             ``ckptflow.checkpoint.staged`` event after each commit, from rank 0's background thread,
             within ``options.event_timeout_s``. None: no event (the outbox row still records it).
+        prefect_auth_string: ``user:password`` for a server with basic auth (default:
+            ``PREFECT_API_AUTH_STRING``); :meth:`from_config` reads ``prefect.auth_string_file``.
         fallback_tiers: colder tiers (warm, then cold) restore fetches files from when this node's
             disk lacks them (a replacement node, another world size) or its copy is corrupt.
         write_hook: called with each file name before it is written; for fault injection.
@@ -123,6 +125,7 @@ class Checkpointer:
         cadence: Cadence | None = None,
         options: CheckpointOptions | None = None,
         prefect_api_url: str | None = None,
+        prefect_auth_string: str | None = None,
         fallback_tiers: Sequence[Tier] = (),
         write_hook: Callable[[str], None] | None = None,
         read_hook: ReadHook | None = None,
@@ -147,7 +150,7 @@ class Checkpointer:
         self.world_size = ranks.world_size()
         self._catalog = CatalogHandle(catalog) if (catalog and self.rank == 0) else None
         self._events = (
-            EventPoster(prefect_api_url, self.options.event_timeout_s)
+            EventPoster(prefect_api_url, self.options.event_timeout_s, prefect_auth_string)
             if (prefect_api_url and self.rank == 0)
             else None
         )
@@ -190,6 +193,7 @@ class Checkpointer:
             "root": Path(hot.root) / run,  # type: ignore[attr-defined]
             "catalog": config.catalog,
             "prefect_api_url": config.prefect.api_url,
+            "prefect_auth_string": config.prefect.auth_string(),
             "fallback_tiers": [tiers[name] for name in config.tier_names() if name != "hot"],
             "options": options.replace(**overrides) if overrides else options,
         }

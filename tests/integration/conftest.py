@@ -58,16 +58,15 @@ def s3_tier(seaweed: SeaweedServer, s3_bucket: str) -> Iterator[S3Tier]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_stack.Stack]:
-    """The whole local stack (SeaweedFS, Prefect server, served deployments), one per test module;
-    this process's flows report to its server, never to an ephemeral one."""
+    """The whole local stack (SeaweedFS, Prefect server with basic auth, served deployments), one per
+    test module; this process's flows report to its server, never to an ephemeral one, with its auth
+    string."""
     directory = tmp_path_factory.mktemp("stack")
     running = local_stack.up(directory, serve=True, reconcile_interval_s=3600)
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE, temporary_settings
+    from prefect.settings import temporary_settings
 
     try:
-        with temporary_settings(
-            {PREFECT_API_URL: running.prefect.api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False}
-        ):
+        with temporary_settings(running.prefect.client_settings()):
             yield running
     finally:
         local_stack.down(directory)

@@ -25,7 +25,7 @@ from sqlmodel import select
 
 from ckptflow.catalog import Catalog, CheckpointPin
 from ckptflow.services import stack as local_stack
-from ckptflow.services.prefect_server import free_port
+from ckptflow.services.prefect_server import PrefectServer, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -129,16 +129,17 @@ def _drill(spec: Path) -> dict[str, Any]:
         return exc.summary
 
 
-def _post(api: str, path: str, body: dict) -> list:
+def _post(server: PrefectServer, path: str, body: dict) -> list:
     import httpx
 
-    response = httpx.post(f"{api}/{path}", json=body, timeout=10)
+    auth = tuple(server.auth_string.split(":", 1))  # the stack's server has basic auth on
+    response = httpx.post(f"{server.api_url}/{path}", json=body, timeout=10, auth=auth)
     response.raise_for_status()
     got = response.json()
     return got["events"] if isinstance(got, dict) else got
 
 
-def _wait_event(api: str, name: str, resource_prefix: str, timeout_s: float = 120) -> dict:
+def _wait_event(api: PrefectServer, name: str, resource_prefix: str, timeout_s: float = 120) -> dict:
     deadline = time.monotonic() + timeout_s  # the server persists events in batches
     while time.monotonic() < deadline:
         body = {"filter": {"event": {"name": [name]}}, "limit": 50}
@@ -168,10 +169,10 @@ def test_drill_from_cold_passes_at_world_size_2_to_1(stack, tmp_path):
         assert [(e.step, e.detail["holder"]) for e in pinned] == [(20, f"drill:{row.id}")]
     finally:
         catalog.dispose()
-    event = _wait_event(stack.prefect.api_url, "ckptflow.drill.passed", "ckptflow.drill.w2-to-1.")
+    event = _wait_event(stack.prefect, "ckptflow.drill.passed", "ckptflow.drill.w2-to-1.")
     assert event["payload"]["step"] == 20 and event["payload"]["passed"] is True
     artifacts = _post(
-        stack.prefect.api_url, "artifacts/filter", {"artifacts": {"key": {"any_": ["drill-w2-to-1"]}}}
+        stack.prefect, "artifacts/filter", {"artifacts": {"key": {"any_": ["drill-w2-to-1"]}}}
     )
     assert artifacts and "PASSED" in artifacts[0]["data"] and "| loss after restore |" in artifacts[0]["data"]
 
@@ -210,7 +211,7 @@ def test_corrupted_cold_replica_fails_the_drill_on_its_checksum(stack, tmp_path,
     summary = _drill(_spec(stack, tmp_path, "rot", w1, checkpoint=10))
     assert not summary["passed"] and summary["reason"].startswith("checksum:"), summary
     assert key.rsplit("/", 1)[-1] in summary["reason"] and summary["step"] == 10
-    _wait_event(stack.prefect.api_url, "ckptflow.drill.failed", "ckptflow.drill.rot.")
+    _wait_event(stack.prefect, "ckptflow.drill.failed", "ckptflow.drill.rot.")
 
 
 def test_checkpoint_without_optimizer_state_fails_with_a_load_error(stack, tmp_path, tiny):

@@ -20,6 +20,7 @@ from ckptflow.catalog import Catalog, DeletionPhase, ReplicaState
 from ckptflow.catalog.models import Checkpoint, CheckpointPin, utcnow
 from ckptflow.catalog.sync import sync_from_root
 from ckptflow.policy.drill_spec import DrillSpec
+from ckptflow.services.prefect_server import PrefectServer
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, manifest_checksum
 from ckptflow.storage.posix_tier import PosixTier
@@ -344,26 +345,23 @@ def test_s3_soft_delete_restore_and_purge(s3_tier: object, tmp_path: Path) -> No
 
 
 @pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real Prefect server (no ephemeral mode), this module's client pointed at it."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE, temporary_settings
-
-    from ckptflow.services.prefect_server import PrefectServer
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
+    """A real Prefect server (no ephemeral mode, basic auth on), this module's client pointed at it."""
+    from prefect.settings import temporary_settings
 
     server = PrefectServer.start(tmp_path_factory.mktemp("prefect"))
     try:
-        with temporary_settings(
-            {PREFECT_API_URL: server.api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False}
-        ):
-            yield server.api_url
+        with temporary_settings(server.client_settings()):
+            yield server
     finally:
         server.stop()
 
 
-def _post(api: str, path: str, body: dict) -> list:
+def _post(server: PrefectServer, path: str, body: dict) -> list:
     import httpx
 
-    response = httpx.post(f"{api}/{path}", json=body, timeout=10)
+    auth = tuple(server.auth_string.split(":", 1))
+    response = httpx.post(f"{server.api_url}/{path}", json=body, timeout=10, auth=auth)
     response.raise_for_status()
     got = response.json()
     return got["events"] if isinstance(got, dict) else got
@@ -371,7 +369,7 @@ def _post(api: str, path: str, body: dict) -> list:
 
 @pytest.mark.slow
 def test_flow_dry_run_publishes_the_plan_and_emits_over_budget(
-    world: tuple[str, str, Path], prefect_api: str
+    world: tuple[str, str, Path], prefect_api: PrefectServer
 ) -> None:
     from ckptflow.flows.retention import apply_retention as retention_flow
 
@@ -400,12 +398,13 @@ def test_flow_dry_run_publishes_the_plan_and_emits_over_budget(
 
 @pytest.mark.slow
 def test_cli_retention_apply_runs_the_flow(
-    world: tuple[str, str, Path], prefect_api: str, monkeypatch: pytest.MonkeyPatch
+    world: tuple[str, str, Path], prefect_api: PrefectServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from ckptflow.cli import app
 
     config, policy, _ = world
-    monkeypatch.setenv("PREFECT_API_URL", prefect_api)
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api.api_url)
+    monkeypatch.setenv("PREFECT_API_AUTH_STRING", prefect_api.auth_string)  # the config names no auth file
     monkeypatch.setenv("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "false")  # the CLI sets it; restored after
     result = CliRunner().invoke(app, ["retention", "apply", "--policy", policy, "--config", config, "--yes"])
     assert result.exit_code == 0, result.output

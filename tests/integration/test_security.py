@@ -66,31 +66,15 @@ class AuthServer:
 
 @pytest.fixture(scope="module")
 def prefect_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthServer]:
-    """A real Prefect server on 127.0.0.1 with basic auth on; this process's client authenticated."""
-    from prefect.settings import (
-        PREFECT_API_AUTH_STRING,
-        PREFECT_API_KEY,
-        PREFECT_API_URL,
-        PREFECT_SERVER_ALLOW_EPHEMERAL_MODE,
-        temporary_settings,
-    )
+    """A real Prefect server on 127.0.0.1 with basic auth on (PrefectServer always turns it on, with
+    a generated secret in a 0600 file); this process's client authenticated."""
+    from prefect.settings import temporary_settings
 
-    user, password = "admin", secrets.token_urlsafe(24)
-    with pytest.MonkeyPatch.context() as env:
-        # Only the server's own environment gets the server setting (PrefectServer passes os.environ).
-        env.setenv("PREFECT_SERVER_API_AUTH_STRING", f"{user}:{password}")
-        env.delenv("PREFECT_API_KEY", raising=False)  # a set API key would override the auth string
-        server = PrefectServer.start(tmp_path_factory.mktemp("prefect-auth"), startup_timeout_s=240)
+    server = PrefectServer.start(tmp_path_factory.mktemp("prefect-auth"), startup_timeout_s=240)
+    user, password = server.auth_string.split(":", 1)
     running = AuthServer(server, user, password)
     try:
-        with temporary_settings(
-            {
-                PREFECT_API_URL: server.api_url,
-                PREFECT_API_AUTH_STRING: running.auth_string,
-                PREFECT_API_KEY: None,
-                PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False,
-            }
-        ):
+        with temporary_settings(server.client_settings()):
             yield running
     finally:
         server.stop()

@@ -1,10 +1,16 @@
-"""The local stack (``ckptflow services up``) against someone who can create flow runs: its served
-deployments read their config, policy and drill spec only from the stack's directory (the worker's
-CKPTFLOW_CONFIG_DIR), whatever a flow run's parameters say."""
+"""The local stack (``ckptflow services up``) against the other accounts of the machine: its Prefect
+server refuses every request without the generated auth string (a 0600 file), which every client the
+stack starts is given; and someone who can create flow runs still cannot make the served deployments
+read a config, policy or drill spec outside the stack's directory (the worker's CKPTFLOW_CONFIG_DIR)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
+import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -94,3 +100,46 @@ def test_a_flow_run_cannot_point_a_deployment_at_files_outside_the_config_dir(
     assert by_name.state.is_failed()
     missing = stack.directory / "no-such-drill.yaml"
     assert f"{missing}: cannot read config file" in (by_name.state.message or ""), by_name.state.message
+
+
+# --------------------------------------------------------------------- Prefect's basic auth, always on
+def test_the_stacks_prefect_refuses_requests_without_its_generated_auth_string(
+    stack: local_stack.Stack,
+) -> None:
+    import httpx
+    import psutil
+
+    auth_file = stack.prefect.auth_file
+    assert stat.S_IMODE(auth_file.stat().st_mode) == 0o600
+    user, password = stack.prefect.auth_string.split(":", 1)
+    assert user == "ckptflow" and len(password) >= 40
+    api = stack.prefect.api_url
+    for headers in ({}, {"Authorization": "Basic " + base64.b64encode(b"ckptflow:guess").decode()}):
+        assert httpx.post(f"{api}/flows/filter", json={}, headers=headers, timeout=30).status_code == 401
+    assert httpx.post(f"{api}/flows/filter", json={}, auth=(user, password), timeout=30).status_code == 200
+    # The config names the file, never the secret; the serving process got it as a client setting.
+    config_text = stack.config_path.read_text()
+    assert password not in config_text
+    assert yaml.safe_load(config_text)["prefect"]["auth_string_file"] == str(auth_file)
+    assert stack.serve_pid is not None
+    served = psutil.Process(stack.serve_pid).environ()
+    assert served["PREFECT_API_AUTH_STRING"] == f"{user}:{password}" and "PREFECT_API_KEY" not in served
+    assert any(str(auth_file) in value for _, value in stack.describe())
+
+
+def test_a_cli_command_authenticates_with_the_file_its_config_names(
+    stack: local_stack.Stack, tmp_path: Path
+) -> None:
+    """`ckptflow reconcile --config` from a shell that has no auth string: the flow run reaches the
+    server, authenticated by prefect.auth_string_file."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_LOGGING_TO_API_ENABLED="false")
+    done = subprocess.run(
+        [sys.executable, "-m", "ckptflow.cli", "reconcile", "--config", str(stack.config_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert stack.prefect.auth_string.split(":", 1)[1] not in done.stdout + done.stderr

@@ -1,9 +1,12 @@
-"""The Prefect UI of the local stack, loaded in a real headless Chromium, lists every ckptflow deployment.
+"""The Prefect UI of the local stack, loaded in a real headless Chromium, asks for the auth string and,
+given it, lists every ckptflow deployment.
 
-The stack is the one ``ckptflow services up`` starts (SeaweedFS, a Prefect server on a free port, the
-process serving the deployments). The UI is a single-page app that fetches its API URL from
-``/ui-settings`` and then the deployments from that API, so a page that renders the names proves the
-whole path a user's browser takes. Chromium comes from ``scripts/chromium.sh`` (``CKPTFLOW_CHROMIUM``).
+The stack is the one ``ckptflow services up`` starts (SeaweedFS, a Prefect server with basic auth on a
+free port, the process serving the deployments). The UI is a single-page app that fetches its API URL
+from ``/ui-settings`` and then the deployments from that API with the auth string its login form
+stored, so a page that renders the names proves the whole path a user's browser takes. Chromium comes
+from ``scripts/chromium.sh`` (``CKPTFLOW_CHROMIUM``) and is driven over the DevTools protocol
+(``headless_chromium.py``).
 
 ``CKPTFLOW_UPDATE_SCREENSHOT=1`` copies the screenshot to ``docs/img/prefect-deployments.png`` (the
 README shows it); without it the test writes nothing into the repository.
@@ -13,17 +16,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import signal
 import struct
-import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from headless_chromium import Chromium
 
 from ckptflow.flows.deployments import (
     DRILL_DEPLOYMENT,
@@ -55,10 +57,7 @@ DEPLOYMENTS = [
     DRILL_DEPLOYMENT,
 ]
 WINDOW = (1400, 900)
-# The SPA loads its bundle, then /ui-settings, then the deployments: virtual time lets it finish without
-# real waiting; a slower machine gets a longer budget on the next try.
-BUDGETS_MS = (20_000, 40_000, 60_000)
-RUN_TIMEOUT_S = 120
+LOAD_TIMEOUT_S = 90  # the SPA loads its bundle, then /ui-settings, then the deployments (slow when loaded)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NO_API = "Can't connect to Server API"
 
@@ -79,40 +78,9 @@ def ui_settings(stack: local_stack.Stack) -> dict[str, Any]:
         return json.loads(response.read())
 
 
-def _kill_group(pgid: int) -> None:
-    # Chromium's helpers (zygote, GPU, renderers) share the process group of the browser we started.
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-    """Run headless Chromium once; its whole process group is killed on return, timeout or not."""
+def _browser(profile: Path) -> Chromium:
     assert CHROMIUM is not None
-    argv = [
-        CHROMIUM,
-        "--headless=new",
-        "--no-sandbox",  # we run as root in CI
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--hide-scrollbars",
-        "--no-first-run",
-        "--no-default-browser-check",
-        f"--user-data-dir={profile}",
-        f"--window-size={WINDOW[0]},{WINDOW[1]}",
-        *args,
-    ]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
-        proc.communicate()
-        raise AssertionError(f"chromium did not finish within {RUN_TIMEOUT_S} s: {argv}") from None
-    finally:
-        _kill_group(proc.pid)
-    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+    return Chromium(CHROMIUM, profile, WINDOW)
 
 
 def _page_urls(stack: local_stack.Stack, settings: dict[str, Any]) -> dict[str, str]:
@@ -124,9 +92,8 @@ def _page_urls(stack: local_stack.Stack, settings: dict[str, Any]) -> dict[str, 
     return urls
 
 
-def _visible_text(dom: str) -> str:
-    without_code = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.DOTALL | re.IGNORECASE)
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", without_code))
+def _lists_every_deployment(text: str) -> bool:
+    return all(name in text for name in DEPLOYMENTS) or NO_API in text
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
@@ -141,6 +108,18 @@ def test_ui_is_configured_to_call_this_server(stack: local_stack.Stack, ui_setti
         f"/ui-settings sends browsers to {ui_settings['api_url']}, not {stack.prefect.api_url}: start "
         "the Prefect server with PREFECT_UI_API_URL set to its API URL (ckptflow/services/prefect_server.py)"
     )
+    assert ui_settings["auth"] == "BASIC", ui_settings  # the UI knows to ask for the auth string
+
+
+def test_without_the_auth_string_the_ui_shows_its_login_form_and_no_deployment(
+    stack: local_stack.Stack, ui_settings: dict[str, Any], tmp_path: Path
+) -> None:
+    url = _page_urls(stack, ui_settings)[ui_settings["default_ui"]]
+    with _browser(tmp_path / "profile") as browser:
+        browser.open(url)
+        text = browser.text_when(lambda t: "Login" in t, LOAD_TIMEOUT_S)
+        assert "Login" in text and browser.evaluate("!!document.querySelector('input[type=password]')"), text
+        assert not [name for name in DEPLOYMENTS if name in text], text[:2000]
 
 
 def test_every_deployment_is_listed_on_the_deployments_page(
@@ -149,18 +128,12 @@ def test_every_deployment_is_listed_on_the_deployments_page(
     urls = _page_urls(stack, ui_settings)
     assert urls, f"the server mounts no UI: {ui_settings}"
     for ui, url in urls.items():
-        missing: list[str] = list(DEPLOYMENTS)
-        text = ""
-        for attempt, budget in enumerate(BUDGETS_MS):
-            result = _chromium(
-                tmp_path / f"profile-{ui}-{attempt}", f"--virtual-time-budget={budget}", "--dump-dom", url
-            )
-            assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
-            text = _visible_text(result.stdout.decode(errors="replace"))
-            assert NO_API not in text, f"{ui} UI at {url} cannot reach its API: {text[:1000]}"
-            missing = [name for name in DEPLOYMENTS if name not in text]
-            if not missing:
-                break
+        with _browser(tmp_path / f"profile-{ui}") as browser:
+            browser.log_in(stack.prefect.ui_url, stack.prefect.auth_string)
+            browser.open(url)
+            text = browser.text_when(_lists_every_deployment, LOAD_TIMEOUT_S)
+        assert NO_API not in text, f"{ui} UI at {url} cannot reach its API: {text[:1000]}"
+        missing = [name for name in DEPLOYMENTS if name not in text]
         assert not missing, f"{ui} UI at {url} does not list {missing}; page text: {text[:2000]}"
 
 
@@ -168,17 +141,17 @@ def test_screenshot_of_the_deployments_page(
     stack: local_stack.Stack, ui_settings: dict[str, Any], tmp_path: Path
 ) -> None:
     url = _page_urls(stack, ui_settings)[ui_settings["default_ui"]]  # where the stack's UI link lands
-    png = tmp_path / "deployments.png"
-    for attempt, budget in enumerate(BUDGETS_MS):
-        result = _chromium(
-            tmp_path / f"profile-{attempt}", f"--virtual-time-budget={budget}", f"--screenshot={png}", url
-        )
-        if result.returncode == 0 and png.is_file() and png.stat().st_size > 0:
-            break
-    assert png.is_file(), result.stderr.decode(errors="replace")[-3000:]
-    data = png.read_bytes()
+    with _browser(tmp_path / "profile") as browser:
+        browser.log_in(stack.prefect.ui_url, stack.prefect.auth_string)
+        browser.open(url)
+        text = browser.text_when(_lists_every_deployment, LOAD_TIMEOUT_S)
+        assert all(name in text for name in DEPLOYMENTS), text[:2000]
+        time.sleep(2.0)  # the table's last paint (icons, schedule column) after the text is there
+        data = browser.screenshot()
     assert _png_size(data) == WINDOW
     assert len(data) > 20_000, f"{len(data)} bytes: a blank page?"
+    png = tmp_path / "deployments.png"
+    png.write_bytes(data)
     if os.environ.get("CKPTFLOW_UPDATE_SCREENSHOT") == "1":
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(png, SCREENSHOT)

@@ -307,3 +307,27 @@ def test_no_credentials_configured_leaves_the_aws_chain(
     monkeypatch.delenv("CKPTFLOW_TESTCFG_SECRET_ACCESS_KEY", raising=False)
     cold = build_tiers(load_config(write(tmp_path, VALID)))["cold"]
     assert cold.credentials is None  # type: ignore[attr-defined]
+
+
+def test_the_prefect_auth_string_comes_from_the_environment_else_the_private_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    auth_file = tmp_path / "prefect-auth"
+    auth_file.write_text(f"ckptflow:{SECRET}\n")
+    auth_file.chmod(0o600)
+    text = VALID.replace("  emit_timeout_s: 5\n", f"  emit_timeout_s: 5\n  auth_string_file: {auth_file}\n")
+    prefect = load_config(write(tmp_path, text)).prefect
+    monkeypatch.delenv("PREFECT_API_AUTH_STRING", raising=False)
+    assert prefect.auth_string() == f"ckptflow:{SECRET}"
+    monkeypatch.setenv("PREFECT_API_AUTH_STRING", "operator:override")
+    assert prefect.auth_string() == "operator:override"
+    monkeypatch.delenv("PREFECT_API_AUTH_STRING")
+    auth_file.chmod(0o644)
+    with pytest.raises(ValueError, match=rf"mode 0644.*chmod 600 {auth_file}$") as failure:
+        prefect.auth_string()
+    assert SECRET not in str(failure.value)
+    auth_file.write_text("\n")
+    auth_file.chmod(0o600)
+    with pytest.raises(ValueError, match="auth string file is empty"):
+        prefect.auth_string()
+    assert load_config(write(tmp_path, VALID)).prefect.auth_string() is None
