@@ -12,6 +12,7 @@ entry point a recovery drill calls (``eval: train_tiny:drill_eval`` in a drill s
 same state, restores it through ckptflow and recomputes that loss, which must match.
 
 Under torchrun (``WORLD_SIZE`` > 1) each rank trains on its slice of every batch with DDP on gloo.
+Batches come from a torchdata ``StatefulDataLoader`` with worker processes, checkpointed as it is.
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import TensorDataset
 
 from ckptflow.training_hooks import (
     Cadence,
     Checkpointer,
     CheckpointOptions,
     ModelState,
-    ResumableSampler,
     RNGState,
+    resumable_loader,
 )
 
 
@@ -69,6 +71,7 @@ class SchedulerState:
 
 
 DATASET_SIZE = 4096
+LOADER_WORKERS = 2  # fixed: a restored StatefulDataLoader must have the worker count that saved it
 
 
 def build_model(hidden: int) -> torch.nn.Module:
@@ -101,17 +104,25 @@ def eval_loss(model: torch.nn.Module, seed: int = 1234) -> float:
     return loss
 
 
-def build_state(hidden: int, seed: int, dataset_size: int) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
-    """The model, its optimizer and every Stateful the run checkpoints (keys as saved)."""
+def build_state(
+    hidden: int, seed: int, dataset_size: int, batch: int = 64
+) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
+    """The model, its optimizer and every Stateful the run checkpoints (keys as saved).
+
+    ``state["loader"]`` yields ``(x, y)`` global batches of ``batch`` samples.
+    """
     model = build_model(hidden)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.5)
+    x, y = synthetic_dataset(dataset_size, seed)
     state = {
         "app": ModelState(model, optimizer),
         "scheduler": SchedulerState(scheduler),
-        # One global order on every rank (each trains on its slice of each global batch): the
-        # sampler's position is the same everywhere, so it resumes at any world size.
-        "sampler": ResumableSampler(dataset_size, seed=seed, num_replicas=1, rank=0),
+        # One global batch order on every rank (each trains on its slice of each global batch): the
+        # loader's position is the same everywhere, so it resumes at any world size.
+        "loader": resumable_loader(
+            TensorDataset(x, y), batch_size=batch, seed=seed, num_workers=LOADER_WORKERS, drop_last=True
+        ),
         "rng": RNGState(),
         "history": LossHistory(),
     }
@@ -183,10 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
     torch.manual_seed(args.seed)
-    x, y = synthetic_dataset(DATASET_SIZE, args.seed)
-    model, optimizer, state = build_state(args.hidden, args.seed, len(x))
+    model, optimizer, state = build_state(args.hidden, args.seed, DATASET_SIZE, args.batch)
     scheduler = state["scheduler"].scheduler
-    sampler: ResumableSampler = state["sampler"]
+    loader = state["loader"]
     history: LossHistory = state["history"]
     forward = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
 
@@ -213,14 +223,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give --root DIR or --config ckptflow.yaml")
     start = ckpt.restore(state)
     say(f"START {start}")
-    batches = iter(())
+    batches = iter(loader)  # after a restore: the rest of the saved epoch
     for step in range(start, args.steps):
-        idx = [next(batches, None) for _ in range(args.batch)]
-        if idx[-1] is None:
-            batches = iter(sampler)
-            idx = [next(batches) for _ in range(args.batch)]
-        mine = idx[rank::world]  # this rank's slice of the global batch
-        loss = torch.nn.functional.mse_loss(forward(x[mine]), y[mine])
+        batch = next(batches, None)
+        if batch is None:  # end of the epoch: a new iterator starts the next one
+            batches = iter(loader)
+            batch = next(batches)
+        xb, yb = (t[rank::world] for t in batch)  # this rank's slice of the global batch
+        loss = torch.nn.functional.mse_loss(forward(xb), yb)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         ckpt.wait_staged()  # the staged copy is complete (on CUDA this stream already waits for it)

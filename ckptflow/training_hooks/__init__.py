@@ -2,12 +2,14 @@
 
 Public API: :class:`Checkpointer` and its :class:`CheckpointOptions`, :class:`Cadence`, the
 Stateful helpers :class:`ModelState`, :class:`RNGState`, :class:`DataPosition`,
-:class:`ResumableSampler`, the job's :class:`Topology` (nodes and their ranks), and the errors
+:class:`ResumableSampler`, :func:`resumable_loader` (a torchdata ``StatefulDataLoader`` with its own
+generator), the job's :class:`Topology` (nodes and their ranks), and the errors
 :class:`CheckpointLoadError`, :class:`CheckpointSaveError`, :class:`NodeTopologyError`.
 """
 
 from ckptflow.training_hooks.cadence import Cadence
 from ckptflow.training_hooks.checkpointer import Checkpointer, CheckpointerStats, CheckpointSaveError
+from ckptflow.training_hooks.loaders import resumable_loader
 from ckptflow.training_hooks.nodes import NodeTopologyError, Topology
 from ckptflow.training_hooks.options import CheckpointOptions
 from ckptflow.training_hooks.restore import CheckpointLoadError, RestoreReport
@@ -29,4 +31,5 @@ __all__ = [
     "RestoreReport",
     "SaveStats",
     "Topology",
+    "resumable_loader",
 ]

@@ -7,7 +7,9 @@ tensors, numbers, strings and containers: values that load with ``weights_only=T
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -138,12 +140,36 @@ class DataPosition:
         self.consumed = int(state_dict["consumed"])
 
 
+def _loader_iterator_on_stack(frame: FrameType | None, depth: int = 12) -> Any | None:
+    """The DataLoader iterator (torch's or torchdata's) that is drawing indices, if one is.
+
+    A sampler is handed no reference to the loader that iterates it; the loader's iterator is the
+    ``self`` of a frame a few levels up the stack (``_next_index`` called from ``_try_put_index``).
+    """
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    for _ in range(depth):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, _BaseDataLoaderIter):
+            return owner
+        frame = frame.f_back
+    return None
+
+
 class ResumableSampler(torch.utils.data.Sampler[int]):
     """A shuffling, rank-partitioned sampler that resumes exactly where it stopped.
 
     The permutation of each epoch depends only on ``seed`` and the epoch, so after a restore the
     same order is regenerated and the first ``position.consumed`` samples are skipped. Put the
     sampler (it is Stateful) in the checkpointed state.
+
+    Its position counts the indices it has handed out, which is what the loop trained on only when
+    nothing fetches ahead: iterate it directly, or through a ``DataLoader`` with ``num_workers=0``.
+    A DataLoader with workers prefetches up to ``prefetch_factor * num_workers`` batches, so
+    iterating this sampler from one raises ``ValueError``; use :func:`resumable_loader` (torchdata's
+    ``StatefulDataLoader``, whose state counts the batches the loop received) instead.
     """
 
     def __init__(
@@ -176,6 +202,22 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         return len(self._order())
 
     def __iter__(self) -> Iterator[int]:
+        # Runs at the first next(): the caller's frame is the one that asks for indices.
+        loader_iter = _loader_iterator_on_stack(sys._getframe(1))
+        workers = getattr(loader_iter, "_num_workers", 0)
+        if workers > 0:
+            # The error leaves the loader's iterator half-built; stop its workers now, or its
+            # finalizer waits for them (seconds) and then fails on closed pipes.
+            loader_iter._shutdown_workers()
+            raise ValueError(
+                f"ResumableSampler: iterated by a DataLoader with num_workers={workers}, which fetches "
+                "batches ahead of the training loop, so the sampler's saved position would count samples "
+                "that were never trained on and a resume would skip them. Use "
+                "ckptflow.training_hooks.resumable_loader(dataset, batch_size=..., seed=..., "
+                f"num_workers={workers}) (torchdata's StatefulDataLoader, which counts the batches the "
+                "loop received) and put that loader in the checkpointed state instead of this sampler; "
+                "or keep this sampler with num_workers=0"
+            )
         order = self._order()
         while self.position.consumed < len(order):
             index = order[self.position.consumed]
