@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import sys
 import threading
 import time
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import TensorDataset
@@ -39,6 +41,7 @@ from ckptflow.training_hooks import (
     CheckpointOptions,
     ModelState,
     RNGState,
+    SchedulerState,
     resumable_loader,
 )
 
@@ -55,19 +58,6 @@ class LossHistory:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.values = [float(v) for v in state_dict["values"]]
-
-
-class SchedulerState:
-    """The LR scheduler as a Stateful (its state_dict holds only numbers)."""
-
-    def __init__(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
-        self.scheduler = scheduler
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.scheduler.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state_dict)
 
 
 DATASET_SIZE = 4096
@@ -150,6 +140,17 @@ def say(line: str) -> None:
         sys.stdout.flush()
 
 
+def rng_digests() -> dict[str, str]:
+    """Digests of this process's Python, NumPy and torch RNG states (equal runs draw alike next)."""
+    python_state = repr(random.getstate()).encode()
+    numpy_state = repr(np.random.get_state()[1].tolist()).encode()
+    torch_state = torch.get_rng_state().numpy().tobytes()
+    return {
+        name: hashlib.sha256(data).hexdigest()
+        for name, data in (("python", python_state), ("numpy", numpy_state), ("torch", torch_state))
+    }
+
+
 def param_digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     if world > 1:  # started by torchrun: one process per rank, gradients averaged by DDP over gloo
         dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
-    torch.manual_seed(args.seed)
+    RNGState.seed_all(args.seed)  # Python, NumPy and torch: every generator the checkpoint restores
     model, optimizer, state = build_state(args.hidden, args.seed, DATASET_SIZE, args.batch)
     scheduler = state["scheduler"].scheduler
     loader = state["loader"]
@@ -256,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "final_step": args.steps,
         "param_digest": param_digest(model),
         "loss_history": [v.hex() for v in history.values],
+        "rng": rng_digests(),
         "committed": ckpt.stats.committed,
         "skipped_busy": ckpt.stats.skipped_busy,
         "saves": [

@@ -1,10 +1,11 @@
 """In the training process: async, atomic, checksummed checkpoints and their verified restore.
 
 Public API: :class:`Checkpointer` and its :class:`CheckpointOptions`, :class:`Cadence`, the
-Stateful helpers :class:`ModelState`, :class:`RNGState`, :class:`DataPosition`,
-:class:`ResumableSampler`, :func:`resumable_loader` (a torchdata ``StatefulDataLoader`` with its own
-generator), the job's :class:`Topology` (nodes and their ranks), and the errors
-:class:`CheckpointLoadError`, :class:`CheckpointSaveError`, :class:`NodeTopologyError`.
+Stateful helpers :class:`ModelState`, :class:`SchedulerState` (an LR scheduler), :class:`RNGState`
+(with ``RNGState.seed_all``), :class:`DataPosition`, :class:`ResumableSampler`,
+:func:`resumable_loader` (a torchdata ``StatefulDataLoader`` with its own generator), the job's
+:class:`Topology` (nodes and their ranks), and the errors :class:`CheckpointLoadError`,
+:class:`CheckpointSaveError`, :class:`NodeTopologyError`.
 """
 
 from ckptflow.training_hooks.cadence import Cadence
@@ -14,7 +15,13 @@ from ckptflow.training_hooks.nodes import NodeTopologyError, Topology
 from ckptflow.training_hooks.options import CheckpointOptions
 from ckptflow.training_hooks.restore import CheckpointLoadError, RestoreReport
 from ckptflow.training_hooks.save_job import SaveStats
-from ckptflow.training_hooks.stateful import DataPosition, ModelState, ResumableSampler, RNGState
+from ckptflow.training_hooks.stateful import (
+    DataPosition,
+    ModelState,
+    ResumableSampler,
+    RNGState,
+    SchedulerState,
+)
 
 __all__ = [
     "Cadence",
@@ -31,5 +38,6 @@ __all__ = [
     "RestoreReport",
     "SaveStats",
     "Topology",
+    "SchedulerState",
     "resumable_loader",
 ]

@@ -39,6 +39,7 @@ from ckptflow.training_hooks.cadence import Cadence, CadenceMode
 from ckptflow.training_hooks.catalog_client import CatalogHandle
 from ckptflow.training_hooks.coord_store import CoordinationStore, open_store
 from ckptflow.training_hooks.events import EventPoster
+from ckptflow.training_hooks.loaders import check_loaders
 from ckptflow.training_hooks.node_planner import NodeLocalSavePlanner
 from ckptflow.training_hooks.nodes import Topology
 from ckptflow.training_hooks.options import CheckpointOptions
@@ -244,8 +245,11 @@ class Checkpointer:
         holds it moves its part to ``quarantine/`` (never deleted) and the same step is tried from a
         colder tier, else the next older one. The live state is written only after every rank
         loaded cleanly. Raises :class:`CheckpointLoadError` when the checkpoint does not match
-        ``state`` (a missing key, a wrong shape); nothing is moved or deleted then.
+        ``state`` (a missing key, a wrong shape); nothing is moved or deleted then. Raises ``ValueError`` for a data
+        loader in ``state`` that cannot resume exactly (a plain ``DataLoader``, a
+        ``StatefulDataLoader`` without ``generator=``).
         """
+        check_loaders(state)  # a loader that cannot resume exactly fails before anything is trained
         self._stateful(state)  # a bad state fails now, not at the first save hours later
         self._ensure_incarnation()
         self.wait()

@@ -11,7 +11,7 @@ import warnings
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 
@@ -50,7 +50,8 @@ def resumable_loader(
 
     Randomness inside workers (augmentation in ``__getitem__``) is seeded from the base seed when
     the workers start; torchdata does not save the workers' RNG states, so after a mid-epoch resume
-    it continues differently. Derive such randomness from the sample index and epoch instead.
+    it differs for the rest of that epoch (with ``persistent_workers=True``, whose workers are
+    seeded once, for the rest of the run). Derive such randomness from the sample index and epoch.
 
     Raises:
         ValueError: a bad ``batch_size``/``num_workers``, or ``generator`` given (pass ``seed``).
@@ -77,3 +78,31 @@ def resumable_loader(
             generator=generator,
             **loader_kwargs,
         )
+
+
+def check_loaders(state: dict[str, Any]) -> None:
+    """Refuse a data loader in ``state`` that cannot resume exactly (called by ``Checkpointer.restore``).
+
+    A plain ``torch.utils.data.DataLoader`` has no state to save; a ``StatefulDataLoader`` without
+    a ``generator`` of its own draws from torch's global RNG at moments that differ between a
+    resumed and an uninterrupted run (see :func:`resumable_loader`). Both raise ``ValueError``
+    naming the key and the fix, at the first restore, before anything was trained.
+    """
+    if not isinstance(state, dict):
+        return  # the Checkpointer reports a state that is not a dict
+    for key, obj in state.items():
+        if isinstance(obj, StatefulDataLoader):
+            if obj.generator is None:
+                raise ValueError(
+                    f"state[{key!r}] is a StatefulDataLoader without generator=: it draws its seeds from "
+                    "torch's global RNG whenever an iterator starts, so after a resume every dropout mask "
+                    "differs from the uninterrupted run. Build it with "
+                    "ckptflow.training_hooks.resumable_loader(dataset, batch_size=..., seed=...), or pass "
+                    "generator=torch.Generator().manual_seed(seed)"
+                )
+        elif isinstance(obj, DataLoader):
+            raise ValueError(
+                f"state[{key!r}] is a torch DataLoader, which cannot save its position. Use "
+                "ckptflow.training_hooks.resumable_loader(dataset, batch_size=..., seed=..., "
+                "num_workers=...) (a torchdata StatefulDataLoader) and put that loader in the state"
+            )

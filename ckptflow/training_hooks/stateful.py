@@ -75,6 +75,36 @@ def _numpy_state_from_plain(plain: dict[str, Any]) -> tuple[Any, ...]:
     return (plain["name"], keys, plain["pos"], plain["has_gauss"], plain["cached_gaussian"])
 
 
+class SchedulerState:
+    """An LR scheduler (``torch.optim.lr_scheduler``) as a Stateful.
+
+    Put it in the state beside :class:`ModelState` (which restores the optimizer, its learning
+    rates included): ``{"app": ModelState(model, optimizer), "scheduler": SchedulerState(sched)}``.
+    Build the scheduler on that optimizer, exactly as the run that saved it did, before
+    :meth:`Checkpointer.restore`; after the restore it continues at the saved ``last_epoch``, so the
+    next ``scheduler.step()`` sets the learning rate an uninterrupted run would have set.
+
+    The scheduler's own ``state_dict()`` is saved as it is: step counters, base and last learning
+    rates. ``LambdaLR``/``MultiplicativeLR`` do not save plain functions or lambdas (they are code,
+    rebuilt by your script); a callable object's attributes are saved and must be plain values
+    (numbers, strings, tensors, lists, dicts), like everything ckptflow loads.
+    """
+
+    def __init__(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+        if not hasattr(scheduler, "state_dict") or not hasattr(scheduler, "load_state_dict"):
+            raise TypeError(
+                f"SchedulerState: {type(scheduler).__name__} has no state_dict()/load_state_dict(); "
+                "pass a torch.optim.lr_scheduler scheduler"
+            )
+        self.scheduler = scheduler
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+
 class RNGState:
     """Python, NumPy, torch CPU and CUDA random states of this rank.
 
@@ -82,10 +112,23 @@ class RNGState:
     random numbers. Restored on a different world size, a rank with no saved state of its own keeps
     its current (freshly seeded) state and a warning is logged: exact resume is only defined for the
     world size that saved.
+
+    Seed every one of these generators at the start of the script (:meth:`seed_all`): a generator
+    left unseeded starts from OS entropy, so a fresh run and its resumed continuation would agree
+    only where the checkpoint restored it, and anything drawing from it before the first restore
+    (augmentation, a random split) would differ between runs.
     """
 
     def __init__(self) -> None:
         self._loaded_from: str | None = None
+
+    @staticmethod
+    def seed_all(seed: int) -> None:
+        """Seed every generator this class captures: Python's ``random``, NumPy's global generator,
+        torch's CPU generator and every CUDA device's. Call it once, before building the model."""
+        random.seed(seed)
+        np.random.seed(seed % 2**32)  # NumPy's legacy seed must fit 32 bits
+        torch.manual_seed(seed)  # also seeds every CUDA device
 
     @staticmethod
     def _capture() -> dict[str, Any]:

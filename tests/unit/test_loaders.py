@@ -77,3 +77,19 @@ def test_resumable_sampler_without_workers_saves_the_position_the_loop_trained_t
 def test_resumable_loader_rejects_bad_arguments(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         resumable_loader(_dataset(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: StatefulDataLoader(_dataset(), batch_size=BATCH, shuffle=True), "without generator="),
+        (lambda: DataLoader(_dataset(), batch_size=BATCH, shuffle=True), "cannot save its position"),
+    ],
+    ids=["StatefulDataLoader-without-generator", "DataLoader"],
+)
+def test_restore_refuses_a_loader_that_cannot_resume_exactly(tmp_path: Path, make, message: str) -> None:
+    with Checkpointer("loader", tmp_path / "root") as ckpt:
+        with pytest.raises(ValueError, match=message) as raised:
+            ckpt.restore({"train_data": make()})
+    assert "state['train_data']" in str(raised.value) and "resumable_loader(" in str(raised.value)
+    assert not (tmp_path / "root").exists() or not any((tmp_path / "root").glob("step-*"))
