@@ -11,7 +11,8 @@ Every checkpoint records ``eval_loss``: the loss on a fixed batch at that step. 
 entry point a recovery drill calls (``eval: train_tiny:drill_eval`` in a drill spec): it rebuilds the
 same state, restores it through ckptflow and recomputes that loss, which must match.
 
-Under torchrun (``WORLD_SIZE`` > 1) each rank trains on its slice of every batch with DDP on gloo.
+Under torchrun (``WORLD_SIZE`` > 1) each rank trains on its slice of every batch with DDP on gloo
+(``ddp_for_exact_resume``: exact at any number of ranks).
 Batches come from a torchdata ``StatefulDataLoader`` with worker processes, checkpointed as it is.
 """
 
@@ -42,6 +43,7 @@ from ckptflow.training_hooks import (
     ModelState,
     RNGState,
     SchedulerState,
+    ddp_for_exact_resume,
     resumable_loader,
 )
 
@@ -199,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = state["scheduler"].scheduler
     loader = state["loader"]
     history: LossHistory = state["history"]
-    forward = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    # DDP whose gradient buckets never change: a resume is exact at any number of ranks.
+    forward = ddp_for_exact_resume(model) if world > 1 else model
 
     def trace(phase: str) -> None:
         if args.trace_phases:

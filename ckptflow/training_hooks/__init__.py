@@ -3,13 +3,15 @@
 Public API: :class:`Checkpointer` and its :class:`CheckpointOptions`, :class:`Cadence`, the
 Stateful helpers :class:`ModelState`, :class:`SchedulerState` (an LR scheduler), :class:`RNGState`
 (with ``RNGState.seed_all``), :class:`DataPosition`, :class:`ResumableSampler`,
-:func:`resumable_loader` (a torchdata ``StatefulDataLoader`` with its own generator), the job's
-:class:`Topology` (nodes and their ranks), and the errors :class:`CheckpointLoadError`,
-:class:`CheckpointSaveError`, :class:`NodeTopologyError`.
+:func:`resumable_loader` (a torchdata ``StatefulDataLoader`` with its own generator),
+:func:`ddp_for_exact_resume` (DDP whose gradient buckets never change, so a resume at 3+ ranks is
+exact), the job's :class:`Topology` (nodes and their ranks), and the errors
+:class:`CheckpointLoadError`, :class:`CheckpointSaveError`, :class:`NodeTopologyError`.
 """
 
 from ckptflow.training_hooks.cadence import Cadence
 from ckptflow.training_hooks.checkpointer import Checkpointer, CheckpointerStats, CheckpointSaveError
+from ckptflow.training_hooks.ddp import ddp_for_exact_resume
 from ckptflow.training_hooks.loaders import resumable_loader
 from ckptflow.training_hooks.nodes import NodeTopologyError, Topology
 from ckptflow.training_hooks.options import CheckpointOptions
@@ -39,5 +41,6 @@ __all__ = [
     "SaveStats",
     "Topology",
     "SchedulerState",
+    "ddp_for_exact_resume",
     "resumable_loader",
 ]

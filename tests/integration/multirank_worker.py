@@ -20,6 +20,9 @@ Scenarios:
     restore-loop  a fresh Checkpointer and fresh state restore what ``straggler`` committed.
     skip          training loop, on_busy="skip"; rank 1's first shard write is slow.
     resave        step 4 is ABANDONED, then saved again: the second attempt commits alone.
+    resume-save   for plain DDP, ddp_for_exact_resume and FSDP2 (fully_shard) in turn: a small model
+                  with dropout and AdamW trains 6 steps, saving step 3 on the way.
+    resume-load   the same three, in fresh processes: restore step 3 and train steps 4 to 6.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.nn.parallel import DistributedDataParallel
 
 from ckptflow.training_hooks import (
     Cadence,
@@ -50,6 +55,7 @@ from ckptflow.training_hooks import (
     CheckpointSaveError,
     ModelState,
     RNGState,
+    ddp_for_exact_resume,
 )
 
 ROWS, COLS = 10, 5  # 10 rows: even on 2 ranks (5, 5), uneven on 3 (4, 4, 2)
@@ -343,6 +349,66 @@ def mode_resave(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# --- exact resume at 4 ranks: DDP and FSDP2 -------------------------------------------------------
+
+RESUME_STEPS, RESUME_AT = 6, 3
+WRAPPINGS = ("ddp", "ddp-exact", "fsdp2")
+
+
+def build_wrapped(wrapping: str, world: int) -> tuple[nn.Module, nn.Module, torch.optim.Optimizer]:
+    """The model (identical on every rank), what the loop calls forward on, and its optimizer."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(32, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)
+    )
+    if wrapping == "fsdp2":
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        forward: nn.Module = fully_shard(model, mesh=mesh)
+    elif wrapping == "ddp":
+        forward = DistributedDataParallel(model)
+    else:
+        forward = ddp_for_exact_resume(model)
+    return model, forward, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+
+
+def resume_loop(args: argparse.Namespace, wrapping: str, resume: bool) -> dict[str, Any]:
+    """Train to RESUME_STEPS; the first run saves RESUME_AT on the way, a resumed one starts there."""
+    model, forward, optimizer = build_wrapped(wrapping, args.world)
+    seed_rank_rng(100 + args.rank)  # every rank its own dropout masks, restored by RNGState
+    state = {"app": ModelState(model, optimizer), "rng": RNGState()}
+    ckpt = Checkpointer(run=f"resume-{wrapping}", root=Path(args.root) / wrapping)
+    start = ckpt.restore(state) if resume else 0
+    losses = []
+    for step in range(start, RESUME_STEPS):
+        g = torch.Generator().manual_seed(10_000 * step + args.rank)  # this rank's share of the batch
+        x, y = torch.randn(16, 32, generator=g), torch.randn(16, 1, generator=g)
+        loss = torch.nn.functional.mse_loss(forward(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        ckpt.wait_staged()
+        optimizer.step()
+        losses.append(loss.item())
+        if step + 1 == RESUME_AT and not resume:
+            assert ckpt.save(RESUME_AT, state)
+    ckpt.close()
+    return {
+        "start": start,
+        "losses": losses,
+        "params": {name: full_values(p) for name, p in model.named_parameters()},
+        "exp_avg_sq": {
+            name: full_values(optimizer.state[p]["exp_avg_sq"]) for name, p in model.named_parameters()
+        },
+        "rng": rng_fingerprint(),
+    }
+
+
+def mode_resume(args: argparse.Namespace, resume: bool) -> dict[str, Any]:
+    return {wrapping: resume_loop(args, wrapping, resume) for wrapping in WRAPPINGS}
+
+
 # --- entry point ----------------------------------------------------------------------------------
 
 SCENARIOS = {
@@ -356,6 +422,8 @@ SCENARIOS = {
     "restore-loop": (mode_restore_loop, "straggler"),
     "resave": (mode_resave, "resave"),
     "skip": (lambda a: mode_loop(a, deadline_s=1.0, slow_s=3.0, every=2, until_committed=False), "skip"),
+    "resume-save": (lambda a: mode_resume(a, resume=False), "resume"),
+    "resume-load": (lambda a: mode_resume(a, resume=True), "resume"),
 }
 
 
