@@ -66,9 +66,14 @@ class SupervisedProcess:
                 return line
 
     def kill(self) -> None:
-        """SIGKILL: no handler runs, no buffer is flushed, like a node losing power."""
+        """SIGKILL the process and its descendants (DataLoader workers, ...): no handler runs, no
+        buffer is flushed, like a node losing power.
+
+        Stopped first, so that it starts no new child while its descendants are listed; orphaned
+        workers would otherwise hold its stdout open until they notice (seconds later).
+        """
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
+            kill_process_tree(self.proc.pid)
         self.wait(timeout_s=30)
 
     def wait(self, timeout_s: float = 600) -> int:
@@ -78,3 +83,32 @@ class SupervisedProcess:
             self._log.close()
             self._log = None
         return rc
+
+
+def kill_process_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and all its descendants; stopped first, so it forks nothing meanwhile."""
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return
+    for target in [pid, *_descendants(pid)]:
+        try:
+            os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """Children, grandchildren, ... of ``pid`` (Linux ``/proc/<pid>/task/<tid>/children``)."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        for children in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                pids = [int(child) for child in children.read_text().split()]
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            found += pids
+            pending += pids
+    return found
