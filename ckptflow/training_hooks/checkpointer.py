@@ -245,9 +245,9 @@ class Checkpointer:
         holds it moves its part to ``quarantine/`` (never deleted) and the same step is tried from a
         colder tier, else the next older one. The live state is written only after every rank
         loaded cleanly. Raises :class:`CheckpointLoadError` when the checkpoint does not match
-        ``state`` (a missing key, a wrong shape); nothing is moved or deleted then. Raises ``ValueError`` for a data
-        loader in ``state`` that cannot resume exactly (a plain ``DataLoader``, a
-        ``StatefulDataLoader`` without ``generator=``).
+        ``state`` (a missing key, a wrong shape); nothing is moved or deleted then. Raises
+        ``ValueError`` for a data loader in ``state`` that cannot resume exactly (a plain
+        ``DataLoader``, a ``StatefulDataLoader`` without ``generator=``).
         """
         check_loaders(state)  # a loader that cannot resume exactly fails before anything is trained
         self._stateful(state)  # a bad state fails now, not at the first save hours later
