@@ -312,10 +312,12 @@ def test_a_live_fetch_survives_start_up_cleanup(tier: Tier, tmp_path: Path) -> N
     root = tmp_path / "restore"
     dest = root / f"step-{STEP}"
     removed: list[list[Path]] = []
+    once = threading.Lock()  # progress is reported from several download threads at once
 
     def clean_up_mid_fetch(nbytes: int) -> None:
-        if not removed:  # the first progress report: the fetch is under way
-            removed.append(layout.remove_stale_partials(root, min_age_s=0.0))
+        with once:
+            if not removed:  # the first progress report: the fetch is under way
+                removed.append(layout.remove_stale_partials(root, min_age_s=0.0))
 
     tier.fetch(RUN, STEP, dest, progress=clean_up_mid_fetch)
     assert removed == [[]], "start-up clean-up removed a fetch that was still downloading"
