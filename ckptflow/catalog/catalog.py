@@ -28,11 +28,13 @@ from ckptflow.catalog.models import (
     CheckpointState,
     Drill,
     OutboxEvent,
+    PartReplica,
     Replica,
     ReplicaState,
     Run,
     utcnow,
 )
+from ckptflow.catalog.part_rows import set_part
 from ckptflow.catalog.redact import shown_url
 from ckptflow.catalog.rows import (
     NotFound,
@@ -48,9 +50,9 @@ from ckptflow.catalog.rows import (
     set_replica,
 )
 from ckptflow.catalog.transitions import transition_checkpoint
+from ckptflow.storage.event_schema import STAGED_EVENT
 from ckptflow.storage.manifest import finite_metrics
 
-STAGED_EVENT = "ckptflow.checkpoint.staged"
 _DDL_LOCK_KEY = 0x636B7074  # pg_advisory_xact_lock key: "ckpt"; serializes concurrent create_all
 
 
@@ -308,6 +310,38 @@ class Catalog:
             if cp is None:
                 raise NotFound(f"catalog has no checkpoint with id {checkpoint_id}")
             return set_replica(session, cp, tier, state, now=now, uri=uri, bytes=bytes, reason=reason)
+
+    def record_parts(
+        self,
+        run: str,
+        step: int,
+        holdings: list[tuple[int, str, str, int]],
+        state: ReplicaState | str = ReplicaState.READY,
+        reason: str | None = None,
+    ) -> None:
+        """Record, in one transaction, that each ``(part, holder host, uri, bytes)`` of ``holdings``
+        is held in ``state``: the commit records every node's own part this way."""
+        now = utcnow()
+        with self.write_session() as session:
+            cp = lock_step(session, run, step)
+            for part, holder, uri, nbytes in holdings:
+                set_part(
+                    session,
+                    cp,
+                    part,
+                    holder,
+                    ReplicaState(state),
+                    now=now,
+                    uri=uri,
+                    bytes=nbytes,
+                    reason=reason,
+                )
+
+    def parts(self, checkpoint_id: int) -> list[PartReplica]:
+        """Every node's copy of every part of a checkpoint, by part then holder."""
+        with self.read_session() as session:
+            stmt = select(PartReplica).where(PartReplica.checkpoint_id == checkpoint_id)
+            return sorted(session.exec(stmt), key=lambda r: (r.part, r.holder))
 
     def mark_delivered(self, event_id: int) -> None:
         """Mark an outbox event emitted; a repeat keeps the first delivery time."""

@@ -156,6 +156,30 @@ class Replica(SQLModel, table=True):
     reason: str | None = None
 
 
+class PartReplica(SQLModel, table=True):
+    """One node's copy of one part of a checkpoint on its own disk (the hot tier of that node).
+
+    ``part`` is the save-time node index the part belongs to (the manifest's ``nodes``), ``holder``
+    the host that holds the copy: a node's own part, or (with peer replication) another node's.
+    """
+
+    __tablename__ = "ckptflow_part_replica"
+    __table_args__ = (
+        UniqueConstraint("checkpoint_id", "part", "holder", name="uq_ckptflow_part_replica_holder"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    checkpoint_id: int = Field(foreign_key="ckptflow_checkpoint.id", index=True)
+    part: int
+    holder: str
+    tier: str = "hot"
+    uri: str
+    state: ReplicaState = Field(default=ReplicaState.READY, sa_type=_state_type(ReplicaState))
+    bytes: int = 0
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    reason: str | None = None
+
+
 class OutboxEvent(SQLModel, table=True):
     """An event to emit (to Prefect), written in the same transaction as the change it announces.
 
@@ -291,6 +315,7 @@ TABLES = [
         Checkpoint,
         CheckpointFile,
         Replica,
+        PartReplica,
         OutboxEvent,
         CatalogEvent,
         DeletionAudit,

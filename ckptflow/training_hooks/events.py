@@ -19,13 +19,11 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from ckptflow.storage.event_schema import STAGED_EVENT, checkpoint_resource, node_resources
+
 log = logging.getLogger("ckptflow.events")
 
-STAGED_EVENT = "ckptflow.checkpoint.staged"
-
-
-def checkpoint_resource_id(run: str, step: int) -> str:
-    return f"ckptflow.checkpoint.{run}.{step}"
+__all__ = ["STAGED_EVENT", "EventPoster", "build_event", "event_id", "node_resources"]
 
 
 def event_id(name: str, run: str, step: int, save_id: str) -> str:
@@ -33,19 +31,21 @@ def event_id(name: str, run: str, step: int, save_id: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{name}/{run}/{step}/{save_id}"))
 
 
-def build_event(name: str, run: str, step: int, save_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+def build_event(
+    name: str,
+    run: str,
+    step: int,
+    save_id: str,
+    payload: dict[str, Any],
+    related: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
     """The JSON body of one Prefect event about checkpoint (run, step)."""
     return {
         "id": event_id(name, run, step, save_id),
         "occurred": datetime.now(UTC).isoformat(),
         "event": name,
-        "resource": {
-            "prefect.resource.id": checkpoint_resource_id(run, step),
-            "prefect.resource.name": f"{run} step {step}",
-            "ckptflow.run": run,
-            "ckptflow.step": str(step),
-        },
-        "related": [],
+        "resource": checkpoint_resource(run, step),
+        "related": list(related or []),
         "payload": payload,
     }
 

@@ -33,7 +33,7 @@ from ckptflow.training_hooks import finalize
 from ckptflow.training_hooks.commit_protocol import ABANDONED, COMMITTED, CommitRound, Decision
 from ckptflow.training_hooks.coord_store import CoordinationStore, StoreUnavailable
 from ckptflow.training_hooks.dcp_io import make_writer
-from ckptflow.training_hooks.events import STAGED_EVENT, build_event
+from ckptflow.training_hooks.events import STAGED_EVENT, build_event, node_resources
 from ckptflow.training_hooks.nodes import Topology
 from ckptflow.training_hooks.staging import wait_for
 
@@ -396,6 +396,12 @@ def _after_commit(job: SaveJob, stats: SaveStats, metadata: bytes, manifest_json
             event_payload=payload,
             files=manifest.files,
         )
+        job.catalog.call(
+            "record_parts",
+            job.run,
+            job.step,
+            [(n["node"], n["host"], n["hot_uri"], n["bytes"]) for n in nodes],
+        )
     if job.events is not None:
         job.on_phase("event")
         _announce(job, payload)
@@ -412,7 +418,9 @@ def _after_commit(job: SaveJob, stats: SaveStats, metadata: bytes, manifest_json
 
 def _announce(job: SaveJob, payload: dict[str, Any]) -> None:
     """Emit the staged event; mark the outbox row delivered only when the server confirmed it."""
-    event = build_event(STAGED_EVENT, job.run, job.step, job.save_id, payload)
+    event = build_event(
+        STAGED_EVENT, job.run, job.step, job.save_id, payload, related=node_resources(payload["nodes"])
+    )
     if not job.events.post([event]) or job.catalog is None:
         return
     pending = job.catalog.call("undelivered_events", 1000) or []
