@@ -92,19 +92,42 @@ def promote_command(
     step: int = typer.Argument(...),
     config: Path = typer.Option(..., "--config", help="ckptflow.yaml"),
 ) -> None:
-    """Promote one checkpoint hot -> warm -> cold now (what the staged event triggers)."""
+    """Promote one checkpoint now: this machine's part to warm (what its agent does on the staged
+    event), then, once warm holds every node's part, warm -> cold (what the published event runs)."""
     prefect_env(config)
     from ckptflow.cli_progress import TransferBar  # noqa: PLC0415
     from ckptflow.flows.promote import promote  # noqa: PLC0415
+    from ckptflow.flows.promote_part import promote_part  # noqa: PLC0415
     from ckptflow.tasks.progress import reporting_to  # noqa: PLC0415
 
     # One bar for every byte verified or copied on every hop (no total: skipped hops move nothing).
     with TransferBar(f"promote {run} step {step}", None) as bar, reporting_to(bar):
+        part = promote_part(run, step, str(config.resolve()))
+        typer.echo(
+            f"{part['tier']} (this node, {part['node']}): {part['action']} ({part['files']} files, "
+            f"{part['bytes']} bytes)"
+            + (f"; waiting for {', '.join(part['waiting_for'])}" if part.get("waiting_for") else "")
+        )
+        if part["action"] not in ("published", "already published"):
+            return
         rows = promote(run, step, str(config.resolve()))
     for row in rows:
         typer.echo(
             f"{row['tier']}: {row['action']} ({row['files']} files, {row['bytes']} bytes) {row['uri']}"
         )
+
+
+def agent_command(
+    config: Path = typer.Option(..., "--config", help="ckptflow.yaml, as this node sees it"),
+    node: str | None = typer.Option(None, "--node", help="this node's host name (default: its hostname)"),
+    housekeeping_interval_s: int = typer.Option(300, help="seconds between node-housekeeping runs"),
+) -> None:
+    """Run this node's agent (blocks): serve its promote-part and housekeeping deployments."""
+    prefect_env(config)
+    from ckptflow.agent.__main__ import main as agent_main  # noqa: PLC0415
+
+    argv = ["--config", str(config), "--housekeeping-interval-s", str(housekeeping_interval_s)]
+    raise typer.Exit(agent_main(argv + (["--node", node] if node else [])))
 
 
 def reconcile_command(config: Path = typer.Option(..., "--config", help="ckptflow.yaml")) -> None:
@@ -145,5 +168,6 @@ def scrub_command(config: Path = typer.Option(..., "--config", help="ckptflow.ya
 def register(app: typer.Typer) -> None:
     app.add_typer(services_app, name="services")
     app.command("promote")(promote_command)
+    app.command("agent")(agent_command)
     app.command("reconcile")(reconcile_command)
     app.command("scrub")(scrub_command)

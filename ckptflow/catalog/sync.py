@@ -75,8 +75,12 @@ class SyncReport:
         return self.created + self.updated + self.marked_corrupt + self.marked_lost
 
 
-def sync_from_root(catalog: Catalog, root: str, run: str | None = None) -> SyncReport:
-    """Make the catalog agree with the manifests under ``root`` (only ``run``'s, if given)."""
+def sync_from_root(catalog: Catalog, root: str, run: str | None = None, mark_lost: bool = True) -> SyncReport:
+    """Make the catalog agree with the manifests under ``root`` (only ``run``'s, if given).
+
+    ``mark_lost=False``: record what ``root`` holds but never mark a hot replica LOST for what it
+    lacks (one node of a multi-node job holds only its own parts: the others are not lost).
+    """
     base = Path(os.path.abspath(root))
     if not base.is_dir():
         raise ValueError(f"checkpoint root {root!r} is not a directory; pass the run's checkpoint root")
@@ -103,7 +107,8 @@ def sync_from_root(catalog: Catalog, root: str, run: str | None = None) -> SyncR
                 _sync_committed(session, entry.path, manifest, checksum, report)
             else:
                 _sync_quarantined(session, entry.path, manifest, checksum, report)
-    _mark_lost(catalog, base, run, report)
+    if mark_lost:
+        _mark_lost(catalog, base, run, report)
     return report
 
 

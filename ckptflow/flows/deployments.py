@@ -1,4 +1,6 @@
-"""The deployments: promote on every staged event; reconcile, scrub, retention and drills on schedules.
+"""The pipeline's deployments: promote (warm -> cold) on every ``published`` event; reconcile, scrub,
+retention and drills on schedules. Each node's own share (copying its part to warm) is served by that
+node's agent: :mod:`ckptflow.agent`.
 
 ``apply-retention-daily`` runs with ``apply: False`` (a dry run that publishes the plan as artifacts
 and emits ``ckptflow.retention.over_budget``): operators read a few plans, then flip the deployment's
@@ -27,15 +29,15 @@ from prefect import serve
 from prefect.events import DeploymentEventTrigger
 from prefect.types.entrypoint import EntrypointType
 
-from ckptflow.catalog import STAGED_EVENT
 from ckptflow.flows.drill import recovery_drill
 from ckptflow.flows.pinned import CONFIG_DIR_ENV
 from ckptflow.flows.promote import promote
 from ckptflow.flows.reconcile import reconcile
 from ckptflow.flows.retention import apply_retention
 from ckptflow.flows.scrub import scrub
+from ckptflow.storage.event_schema import PUBLISHED_EVENT
 
-PROMOTE_DEPLOYMENT = "promote-on-staged"
+PROMOTE_DEPLOYMENT = "promote-on-published"
 RECONCILE_DEPLOYMENT = "reconcile-every-5-min"
 SCRUB_DEPLOYMENT = "scrub-daily"
 RETENTION_DEPLOYMENT = "apply-retention-daily"
@@ -52,9 +54,11 @@ def deployments(
 ) -> list:
     """The RunnerDeployments for ``config_path`` (absolute, so served runs find it)."""
     config = str(Path(config_path).resolve())
-    on_staged = DeploymentEventTrigger(
-        name="checkpoint staged",
-        expect={STAGED_EVENT},
+    # The nodes' agents put each checkpoint on the first colder tier (promote-part); the node that
+    # completes it emits "published", and this deployment takes it from there to the colder tiers.
+    on_published = DeploymentEventTrigger(
+        name="checkpoint published",
+        expect={PUBLISHED_EVENT},
         match={"prefect.resource.id": "ckptflow.checkpoint.*"},
         # Payload fields keep their JSON types (step is an int); resource labels would be strings.
         parameters={
@@ -70,9 +74,9 @@ def deployments(
         promote.to_deployment(
             name=PROMOTE_DEPLOYMENT,
             entrypoint_type=module,
-            triggers=[on_staged],
+            triggers=[on_published],
             parameters={"config_path": config},
-            description="Verify and copy a checkpoint hot -> warm -> cold when training stages it.",
+            description="Verify a checkpoint the nodes published on warm, then copy it to cold, verified.",
             tags=["ckptflow"],
         ),
         reconcile.to_deployment(

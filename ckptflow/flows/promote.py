@@ -1,18 +1,21 @@
-"""``promote``: hot -> warm -> cold for one checkpoint, verified at every hop, idempotent.
+"""``promote``: from the first colder tier (warm) to the colder ones (cold), verified at every hop.
 
-Triggered by the ``ckptflow.checkpoint.staged`` event (and runnable by hand for any run/step):
-verify the hot copy against its manifest, copy it to warm (batches in parallel, atomic publish),
-verify, upload it to S3 (multipart, each file's manifest CRC supplied so S3 verifies the full
-object), confirm the stored checksums, manifest object last, and mark the replicas READY.
-A rerun skips replicas that already verify and resumes interrupted copies.
+The nodes' agents put a checkpoint on warm, each its own part (``promote-part``), and the one that
+completes it publishes it and emits ``ckptflow.checkpoint.published``; that event runs this flow on
+the pipeline's worker, which never reads a node's disk: verify the warm copy against its manifest
+(re-hash) and mark it READY, then for every colder tier copy it from warm (batches, multipart on S3
+with each file's manifest CRC supplied so S3 verifies the full object), confirm, manifest object
+last, and mark the replica READY. A rerun skips replicas that already verify and resumes interrupted
+copies. Runnable by hand for any run/step (``ckptflow promote``).
 
-The per-batch tasks run where ``ckptflow.yaml`` says (``prefect.task_runner``): threads of this
-process, or a Dask cluster (see ``ckptflow.flows.runners``); catalog writes stay in this process.
+The per-batch tasks run where ``ckptflow.yaml`` says (``prefect.task_runner``): threads of this process,
+or a Dask cluster (see ``ckptflow.flows.runners``); catalog writes stay in this process.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -23,12 +26,12 @@ from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.runners import batch_count, submit, task_runner_for
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica
+from ckptflow.tasks.part_ops import first_colder_tier
 from ckptflow.tasks.replica_tasks import (
     commit_replica,
     copy_batch,
-    hot_manifest,
     replica_present,
-    verify_hot_batch,
+    source_copy,
     verify_replica,
 )
 from ckptflow.tasks.tiers import file_batches, load
@@ -37,7 +40,7 @@ PROMOTE_THREADS = 8  # thread-pool size with task_runner: threads
 
 
 class PromotionError(RuntimeError):
-    """A replica could not be made and verified; the hot copy is untouched."""
+    """A replica could not be made and verified; the copy it was made from is untouched."""
 
 
 def _promote_to(
@@ -46,6 +49,7 @@ def _promote_to(
     run: str,
     step: int,
     tier: str,
+    source: str,
     batches: list[list[str]],
     checkpoint_id: int,
 ) -> dict[str, Any]:
@@ -73,10 +77,11 @@ def _promote_to(
     record_replica.fn(config_path, checkpoint_id, tier, "pending", uri=existing["uri"])
     record_replica.fn(config_path, checkpoint_id, tier, "copying", uri=existing["uri"])
     futures = [
-        submit(runner, copy_batch, config_path, run, step, tier, paths, i) for i, paths in enumerate(batches)
+        submit(runner, copy_batch, config_path, run, step, tier, paths, i, source)
+        for i, paths in enumerate(batches)
     ]
     copied = [f.result() for f in futures]
-    uri = commit_replica(config_path, run, step, tier)
+    uri = commit_replica(config_path, run, step, tier, source)
     report = verify_replica(config_path, run, step, tier)
     if not report["ok"]:
         record_replica(
@@ -100,42 +105,44 @@ def _promote_to(
 # ckptflow.yaml (a decorator's runner is fixed at import time, before the config is known).
 @flow(name="promote", log_prints=False)
 def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
-    """Copy checkpoint (run, step) from the hot tier to every colder tier, verifying each copy."""
-    # The staged event's payload fills ``run``: whoever can post an event chooses it.
-    check_run_name(run, "promote: parameter 'run'")
+    """Verify (run, step) on the first colder tier, then copy it to every colder one, verifying each."""
+    check_run_name(run, "promote: parameter 'run'")  # first: the run comes from an event payload
     logger = get_run_logger()
-    # Absolute (Dask workers may run in another directory), and for a deployment's run only under
-    # the worker's CKPTFLOW_CONFIG_DIR.
-    config_path = pinned_path(config_path, "config_path")
+    config_path = str(Path(pinned_path(config_path, "config_path")).resolve())  # Dask workers elsewhere
     config, _ = load(config_path)
-    _, manifest = hot_manifest(config_path, run, step)
-    checkpoint_id = ensure_checkpoint_row.fn(config_path, run, step)
-    batches = file_batches(manifest, batch_count(config))
-    rows = []
-    with task_runner_for(config, threads=PROMOTE_THREADS) as runner:
-        logger.info("%s step %d: %d batches on the %s task runner", run, step, len(batches), runner.name)
-        checks = [submit(runner, verify_hot_batch, config_path, run, step, b) for b in batches]
-        problems = [p for f in checks for p in f.result()]
-        if problems:
-            record_replica.fn(config_path, checkpoint_id, "hot", "corrupt", reason="; ".join(problems[:5]))
-            raise PromotionError(f"hot copy of {run} step {step} does not match its manifest: {problems[:5]}")
-        for tier in [t for t in config.tier_names() if t != "hot"]:
-            row = _promote_to(runner, config_path, run, step, tier, batches, checkpoint_id)
-            logger.info(
-                "%s step %d -> %s: %s (%d files, %d bytes, %.2f s)",
-                run,
-                step,
-                tier,
-                row["action"],
-                row["files"],
-                row["bytes"],
-                row["seconds"],
-            )
-            rows.append(row)
+    source = first_colder_tier(config)
+    checkpoint_id = ensure_checkpoint_row.fn(config_path, run, step)  # recorded by training or the node
+    first = verify_replica(config_path, run, step, source)
+    if not first["ok"]:
+        detail = "; ".join(first["problems"][:5]) or "not published"
+        if first.get("present"):
+            record_replica(config_path, checkpoint_id, source, "corrupt", uri=first["uri"], reason=detail)
+        raise PromotionError(f"{source} copy of {run} step {step} is not usable: {detail}")
+    record_replica.fn(config_path, checkpoint_id, source, "ready", uri=first["uri"], bytes=first["bytes"])
+    rows = [{"tier": source, "action": "verified", "files": 0, "bytes": 0, "uri": first["uri"]}]
+    colder = config.tier_names()[config.tier_names().index(source) + 1 :]
+    if colder:
+        _, manifest = source_copy(config_path, run, step, source)
+        batches = file_batches(manifest, batch_count(config))
+        with task_runner_for(config, threads=PROMOTE_THREADS) as runner:
+            logger.info("%s step %d: %d batches on the %s task runner", run, step, len(batches), runner.name)
+            for tier in colder:
+                row = _promote_to(runner, config_path, run, step, tier, source, batches, checkpoint_id)
+                logger.info(
+                    "%s step %d -> %s: %s (%d files, %d bytes, %.2f s)",
+                    run,
+                    step,
+                    tier,
+                    row["action"],
+                    row["files"],
+                    row["bytes"],
+                    row["seconds"],
+                )
+                rows.append(row)
     create_table_artifact(
         key=f"promote-{_slug(run)}",
-        table=[{"run": run, "step": step, "batches": len(batches), **row} for row in rows],
-        description=f"promote {run} step {step}: {len(manifest.files)} files, {manifest.total_bytes} bytes",
+        table=[{"run": run, "step": step, **row} for row in rows],
+        description=f"promote {run} step {step} from {source}",
     )
     return rows
 

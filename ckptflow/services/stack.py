@@ -28,6 +28,7 @@ from ckptflow.services.seaweed import CREDENTIALS_NAME, SeaweedServer
 
 BUCKET = "ckptflow-cold"
 SERVE_STATE = "serve-state.json"
+AGENT_STATE = "agent-state.json"
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Stack:
     seaweed: SeaweedServer
     prefect: PrefectServer
     serve_pid: int | None
+    agent_pid: int | None = None
 
     @property
     def config_path(self) -> Path:
@@ -49,6 +51,7 @@ class Stack:
             ("prefect auth", f"basic auth on; the UI asks for the content of {self.prefect.auth_file}"),
             ("S3 endpoint", f"{self.seaweed.endpoint_url} (bucket {BUCKET}, auth on)"),
             ("deployments", f"served by pid {self.serve_pid}" if self.serve_pid else "not served"),
+            ("node agent", f"pid {self.agent_pid}" if self.agent_pid else "not running"),
         ]
 
 
@@ -97,26 +100,17 @@ def client_env(prefect: PrefectServer) -> dict[str, str]:
     return {**env, **prefect.env()}
 
 
-def start_serving(
-    directory: Path, prefect: PrefectServer, config_path: Path, reconcile_interval_s: int
+def _start_background(
+    directory: Path, prefect: PrefectServer, state_name: str, log_name: str, argv: list[str]
 ) -> int:
-    """Start ``python -m ckptflow.flows.deployments`` (promote on event, schedules) in the background."""
-    state = directory / SERVE_STATE
+    state = directory / state_name
     if state.is_file():
         pid = int(json.loads(state.read_text())["pid"])
         if _alive(pid):
             return pid
-    log = open(directory / "serve.log", "ab")  # noqa: SIM115 - owned by the child
+    log = open(directory / log_name, "ab")  # noqa: SIM115 - owned by the child
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ckptflow.flows.deployments",
-            "--config",
-            str(config_path),
-            "--reconcile-interval-s",
-            str(reconcile_interval_s),
-        ],
+        [sys.executable, "-m", *argv],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=client_env(prefect),
@@ -124,6 +118,22 @@ def start_serving(
     )
     state.write_text(json.dumps({"pid": proc.pid}))
     return proc.pid
+
+
+def start_serving(
+    directory: Path, prefect: PrefectServer, config_path: Path, reconcile_interval_s: int
+) -> int:
+    """Start ``python -m ckptflow.flows.deployments`` (promote on event, schedules) in the background."""
+    argv = ["ckptflow.flows.deployments", "--config", str(config_path)]
+    argv += ["--reconcile-interval-s", str(reconcile_interval_s)]
+    return _start_background(directory, prefect, SERVE_STATE, "serve.log", argv)
+
+
+def start_agent(directory: Path, prefect: PrefectServer, config_path: Path, node: str) -> int:
+    """Start this machine's node agent (``python -m ckptflow.agent``) in the background: the local
+    stack is one node, whose hot root is ``<dir>/hot``."""
+    argv = ["ckptflow.agent", "--config", str(config_path), "--node", node]
+    return _start_background(directory, prefect, AGENT_STATE, "agent.log", argv)
 
 
 def wait_for_deployments(prefect: PrefectServer, names: list[str], timeout_s: float = 120.0) -> None:
@@ -148,15 +158,18 @@ def wait_for_deployments(prefect: PrefectServer, names: list[str], timeout_s: fl
     raise TimeoutError(f"deployments {names} not registered within {timeout_s} s; see serve.log")
 
 
-def up(directory: Path, serve: bool = True, reconcile_interval_s: int = 300) -> Stack:
-    """Start (or find running) SeaweedFS, Prefect and the deployment server under ``directory``."""
-    from ckptflow.flows.deployments import (  # noqa: PLC0415 - Prefect only when serving
+def up(directory: Path, serve: bool = True, reconcile_interval_s: int = 300, agent: bool = True) -> Stack:
+    """Start (or find running) SeaweedFS, Prefect, the deployment server and this machine's node
+    agent under ``directory`` (``agent=False``: the nodes run their own, as on a cluster)."""
+    from ckptflow.agent.node_deployments import deployment_name  # noqa: PLC0415 - Prefect only when serving
+    from ckptflow.flows.deployments import (  # noqa: PLC0415
         DRILL_DEPLOYMENT,
         PROMOTE_DEPLOYMENT,
         RECONCILE_DEPLOYMENT,
         RETENTION_DEPLOYMENT,
         SCRUB_DEPLOYMENT,
     )
+    from ckptflow.tasks.part_ops import this_host  # noqa: PLC0415
 
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
@@ -165,19 +178,21 @@ def up(directory: Path, serve: bool = True, reconcile_interval_s: int = 300) -> 
     prefect = PrefectServer.start(directory / "prefect")
     config = write_config(directory, seaweed, prefect)
     pid = None
+    agent_pid = None
     if serve:
         pid = start_serving(directory, prefect, config, reconcile_interval_s)
-        wait_for_deployments(
-            prefect,
-            [
-                PROMOTE_DEPLOYMENT,
-                RECONCILE_DEPLOYMENT,
-                SCRUB_DEPLOYMENT,
-                RETENTION_DEPLOYMENT,
-                DRILL_DEPLOYMENT,
-            ],
-        )
-    return Stack(directory, seaweed, prefect, pid)
+        names = [
+            PROMOTE_DEPLOYMENT,
+            RECONCILE_DEPLOYMENT,
+            SCRUB_DEPLOYMENT,
+            RETENTION_DEPLOYMENT,
+            DRILL_DEPLOYMENT,
+        ]
+        if agent:
+            agent_pid = start_agent(directory, prefect, config, this_host())
+            names.append(deployment_name(this_host()))
+        wait_for_deployments(prefect, names)
+    return Stack(directory, seaweed, prefect, pid, agent_pid)
 
 
 def find(directory: Path) -> Stack | None:
@@ -186,13 +201,16 @@ def find(directory: Path) -> Stack | None:
     prefect = PrefectServer.from_state(directory / "prefect")
     if seaweed is None or prefect is None:
         return None
-    state = directory / SERVE_STATE
-    pid = int(json.loads(state.read_text())["pid"]) if state.is_file() else None
-    return Stack(directory, seaweed, prefect, pid if pid and _alive(pid) else None)
+    pids = []
+    for name in (SERVE_STATE, AGENT_STATE):
+        state = directory / name
+        pid = int(json.loads(state.read_text())["pid"]) if state.is_file() else None
+        pids.append(pid if pid and _alive(pid) else None)
+    return Stack(directory, seaweed, prefect, pids[0], pids[1])
 
 
-def stop_serving(directory: Path) -> None:
-    state = directory.resolve() / SERVE_STATE
+def stop_serving(directory: Path, state_name: str = SERVE_STATE) -> None:
+    state = directory.resolve() / state_name
     if not state.is_file():
         return
     pid = int(json.loads(state.read_text())["pid"])
@@ -217,6 +235,9 @@ def down(directory: Path) -> list[str]:
     """Stop everything ``up`` started under ``directory``, by process id; return what was stopped."""
     directory = directory.resolve()
     stopped = []
+    if (directory / AGENT_STATE).is_file():
+        stop_serving(directory, AGENT_STATE)
+        stopped.append("node agent")
     if (directory / SERVE_STATE).is_file():
         stop_serving(directory)
         stopped.append("deployment server")

@@ -22,17 +22,22 @@ def checkpoint_row(catalog: Catalog, run: str, step: int) -> Any | None:
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
 def ensure_checkpoint_row(config_path: str, run: str, step: int) -> int:
-    """The catalog id of (run, step); rebuilt from the hot manifest if training could not record it."""
+    """The catalog id of (run, step); rebuilt from this machine's hot manifests (a node's agent) if
+    training could not record it."""
     config, tiers = load(config_path)
     catalog = Catalog.open(config.catalog)
     try:
         row = checkpoint_row(catalog, run, step)
-        if row is None:
-            hot = tiers["hot"]
-            sync_from_root(catalog, str(hot.run_dir(run)), run=run)  # type: ignore[attr-defined]
+        hot_run_dir = tiers["hot"].run_dir(run)  # type: ignore[attr-defined]
+        if row is None and hot_run_dir.is_dir():
+            # On a node of a multi-node job: what this node holds, never "lost" for what it lacks.
+            sync_from_root(catalog, str(hot_run_dir), run=run, mark_lost=False)
             row = checkpoint_row(catalog, run, step)
         if row is None:
-            raise ValueError(f"checkpoint {run} step {step} is neither in the catalog nor committed on hot")
+            raise ValueError(
+                f"checkpoint {run} step {step} is not in the catalog, nor committed on this machine's hot "
+                "tier; run `ckptflow catalog sync` on a node that holds it"
+            )
         return int(row.id)
     finally:
         catalog.dispose()
@@ -54,11 +59,19 @@ def record_replica(
     try:
         target = ReplicaState(state)
         current = {r.tier: r for r in catalog.replicas(checkpoint_id)}.get(tier)
-        if current is not None and current.state == target:
-            return target.value
+        if current is not None and current.state == target and (reason is None or reason == current.reason):
+            return target.value  # a repeat (a retry): nothing new to say
         if target == ReplicaState.PENDING and current is not None:
             return current.state.value  # pending only announces a new replica
-        if target == ReplicaState.COPYING and current is not None and current.state != ReplicaState.PENDING:
+        if (
+            target == ReplicaState.COPYING
+            and current is not None
+            and current.state
+            not in (
+                ReplicaState.PENDING,
+                ReplicaState.COPYING,
+            )
+        ):
             return current.state.value  # a retry, or re-copying a corrupt/lost replica: straight to READY
         catalog.set_replica_state(checkpoint_id, tier, target, uri=uri, bytes=bytes, reason=reason)
         return target.value

@@ -18,23 +18,24 @@ from ckptflow.tasks import progress
 from ckptflow.tasks.tiers import load
 
 
-def _hot(tiers: dict[str, Tier]) -> PosixTier:
-    hot = tiers["hot"]
-    if not isinstance(hot, PosixTier):  # the config model already enforces it; keep mypy honest
-        raise TypeError(f"tiers.hot must be a POSIX tier, got {type(hot).__name__}")
-    return hot
-
-
 def hot_manifest(config_path: str, run: str, step: int) -> tuple[Path, Manifest]:
     """The hot copy's directory and manifest; ValueError if it is not committed there."""
+    return source_copy(config_path, run, step, "hot")
+
+
+def source_copy(config_path: str, run: str, step: int, source: str) -> tuple[Path, Manifest]:
+    """The directory and manifest of the POSIX copy on tier ``source`` that a promotion copies from
+    (hot on a node, or warm for the colder hops); ValueError if it is not committed there."""
     _, tiers = load(config_path)
-    hot = _hot(tiers)
-    manifest = hot.read_manifest(run, step)
+    tier = tiers[source]
+    if not isinstance(tier, PosixTier):
+        raise TypeError(f"tiers.{source} must be a POSIX tier to be copied from, got {type(tier).__name__}")
+    manifest = tier.read_manifest(run, step)
     if manifest is None:
         raise ValueError(
-            f"checkpoint {run} step {step} is not committed on the hot tier ({hot.path(run, step)})"
+            f"checkpoint {run} step {step} is not committed on the {source} tier ({tier.path(run, step)})"
         )
-    return hot.path(run, step), manifest
+    return tier.path(run, step), manifest
 
 
 @task(cache_policy=NO_CACHE)
@@ -48,10 +49,10 @@ def verify_hot_batch(config_path: str, run: str, step: int, paths: list[str]) ->
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
 def copy_batch(
-    config_path: str, run: str, step: int, tier: str, paths: list[str], batch: int
+    config_path: str, run: str, step: int, tier: str, paths: list[str], batch: int, source: str = "hot"
 ) -> dict[str, Any]:
-    """Copy a batch of files from the hot copy to ``tier`` (checksummed in the same pass)."""
-    directory, manifest = hot_manifest(config_path, run, step)
+    """Copy a batch of files from the ``source`` tier's copy to ``tier`` (checksummed in the same pass)."""
+    directory, manifest = source_copy(config_path, run, step, source)
     _, tiers = load(config_path)
     result = tiers[tier].put_files(  # type: ignore[attr-defined]
         directory, manifest, paths, progress=progress.sink(), batch=batch
@@ -66,14 +67,15 @@ def copy_batch(
 
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
-def commit_replica(config_path: str, run: str, step: int, tier: str) -> str:
+def commit_replica(config_path: str, run: str, step: int, tier: str, source: str = "hot") -> str:
     """Make the replica visible: manifest last (and rename, on POSIX).
 
-    Called only after every copy_batch of this flow run succeeded, and each batch proved its files
-    (S3: HeadObject of the stored CRC64NVME), so commit does not check them all a second time; the
-    verify_replica task right after still does, end to end.
+    Called only once every file arrived (every copy_batch of this flow run succeeded, or, for a node's
+    part, the tier reports no file missing), and each batch proved its files (S3: HeadObject of the
+    stored CRC64NVME), so commit does not check them all a second time; the verification of the
+    replica after it still does, end to end.
     """
-    directory, manifest = hot_manifest(config_path, run, step)
+    directory, manifest = source_copy(config_path, run, step, source)
     _, tiers = load(config_path)
     return tiers[tier].commit(directory, manifest, files_checked=True).uri  # type: ignore[attr-defined]
 

@@ -42,3 +42,18 @@ def file_batches(manifest: Manifest, max_batches: int = DEFAULT_MAX_BATCHES) -> 
         groups[smallest].append(entry)
         loads[smallest] += entry.size
     return [[e.path for e in group] for group in groups if group]
+
+
+def batches_of(
+    manifest: Manifest, paths: list[str], max_batches: int = DEFAULT_MAX_BATCHES
+) -> list[list[str]]:
+    """:func:`file_batches` over some of the manifest's files (``paths``): what one node copies."""
+    wanted = set(paths)
+    subset = Manifest(
+        run=manifest.run,
+        step=manifest.step,
+        world_size=manifest.world_size,
+        save_id=manifest.save_id,
+        files=tuple(e for e in manifest.files if e.path in wanted),
+    )
+    return file_batches(subset, max_batches) if subset.files else []

@@ -214,6 +214,7 @@ def test_promote_and_scrub_fan_out_on_a_two_worker_dask_cluster(
     from prefect.states import State
 
     from ckptflow.flows.promote import promote
+    from ckptflow.flows.promote_part import promote_part
     from ckptflow.flows.scrub import scrub
 
     catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
@@ -226,15 +227,17 @@ def test_promote_and_scrub_fan_out_on_a_two_worker_dask_cluster(
     worker_pids = observer.run(os.getpid)  # {worker address: pid}
     assert len(worker_pids) == 2 and os.getpid() not in worker_pids.values()
 
-    # promote: hot verified, warm copied and verified, batch by batch on the workers
+    # this node's part: hot verified and copied to warm, batch by batch on the workers; published
     since = time.time()
     started = time.perf_counter()
-    state: State = promote(RUN, STEP, str(config_path), return_state=True)
+    state: State = promote_part(RUN, STEP, str(config_path), return_state=True)
     promote_s = time.perf_counter() - started
     assert state.is_completed(), state
-    (row,) = state.result()
-    assert row["tier"] == "warm" and row["action"] == "copied"
+    row = state.result()
+    assert row["tier"] == "warm" and row["action"] == "published"
     assert row["files"] == len(FILES) and row["bytes"] == manifest.total_bytes
+    # the pipeline's promote: warm verified (no colder tier here)
+    assert [r["action"] for r in promote(RUN, STEP, str(config_path))] == ["verified"]
     _, tiers = load(str(config_path))
     warm = tiers["warm"]
     assert isinstance(warm, PosixTier)
@@ -250,7 +253,7 @@ def test_promote_and_scrub_fan_out_on_a_two_worker_dask_cluster(
     workers = {worker for _, worker in ran}
     assert workers == set(worker_pids), ran  # both worker processes took batches
 
-    # The task runs are the promote flow run's own, recorded by the server, all completed.
+    # The task runs are the promote-part flow run's own, recorded by the server, all completed.
     task_runs = _task_runs_of(state.state_details.flow_run_id)
     by_name = Counter(r.name.rsplit("-", 1)[0] for r in task_runs if r.state and r.state.is_completed())
     assert by_name["copy_batch"] == DEFAULT_MAX_BATCHES and by_name["verify_hot_batch"] == DEFAULT_MAX_BATCHES
@@ -278,14 +281,16 @@ def test_promote_and_scrub_fan_out_on_a_two_worker_dask_cluster(
 @pytest.mark.timeout(300)
 def test_the_default_thread_pool_still_promotes_and_scrubs(tmp_path: Path, prefect_api: str) -> None:
     from ckptflow.flows.promote import promote
+    from ckptflow.flows.promote_part import promote_part
     from ckptflow.flows.scrub import scrub
 
     catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
     config_path = tmp_path / "ckptflow.yaml"
     config_path.write_text(_config_text(tmp_path, catalog_url, {"emit_timeout_s": 5}))
     manifest = _write_committed_checkpoint(tmp_path / "hot", catalog_url)
-    (row,) = promote(RUN, STEP, str(config_path))
-    assert (row["tier"], row["action"], row["bytes"]) == ("warm", "copied", manifest.total_bytes)
+    row = promote_part(RUN, STEP, str(config_path))
+    assert (row["tier"], row["action"], row["bytes"]) == ("warm", "published", manifest.total_bytes)
+    assert [r["action"] for r in promote(RUN, STEP, str(config_path))] == ["verified"]
     assert _replica_states(catalog_url) == {"hot": ReplicaState.READY, "warm": ReplicaState.READY}
     assert [(r["tier"], r["verdict"]) for r in scrub(str(config_path))] == [("warm", "ok")]
 
@@ -295,8 +300,9 @@ def test_the_default_thread_pool_still_promotes_and_scrubs(tmp_path: Path, prefe
 def test_dask_refuses_a_flow_loaded_from_a_file_path_and_names_the_fix(
     tmp_path: Path, prefect_api: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A file-path entrypoint loads ckptflow/flows/promote.py as top-level module ``promote``, which Dask
-    workers cannot unpickle: the flow fails with the fix, not with Dask's deserialization error."""
+    """A file-path entrypoint loads ckptflow/flows/promote_part.py as top-level module
+    ``promote_part``, which Dask workers cannot unpickle: the flow fails with the fix, not with Dask's
+    deserialization error."""
     from prefect.flows import load_flow_from_entrypoint
 
     catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
@@ -305,10 +311,12 @@ def test_dask_refuses_a_flow_loaded_from_a_file_path_and_names_the_fix(
     config_path.write_text(_config_text(tmp_path, catalog_url, dask))
     _write_committed_checkpoint(tmp_path / "hot", catalog_url)
     monkeypatch.setattr(sys, "path", sys.path.copy())  # Prefect's loader prepends the file's directory
-    entrypoint = f"{Path(__file__).resolve().parents[2] / 'ckptflow' / 'flows' / 'promote.py'}:promote"
+    entrypoint = (
+        f"{Path(__file__).resolve().parents[2] / 'ckptflow' / 'flows' / 'promote_part.py'}:promote_part"
+    )
     by_path = load_flow_from_entrypoint(entrypoint)
     try:
-        assert "." not in by_path.fn.__module__  # "promote": what a served file-path deployment runs
+        assert "." not in by_path.fn.__module__  # "promote_part": what a served file-path deployment runs
         with pytest.raises(ValueError, match="module entrypoint.*EntrypointType.MODULE_PATH"):
             by_path(RUN, STEP, str(config_path))
     finally:

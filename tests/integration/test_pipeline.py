@@ -79,31 +79,44 @@ def test_staged_events_trigger_promotion_to_warm_and_cold(stack, tmp_path):
     _train(config, "e2e", 20, tmp_path)
     wait_ready(config, "e2e", [10, 20])
 
-    # The promotions ran through the deployment's event trigger, not by a direct call.
+    # The promotions ran through the deployments' event triggers, not by a direct call: the node's
+    # part through its agent's deployment (staged event), warm -> cold through promote-on-published.
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 
-    async def promote_runs() -> list:
+    from ckptflow.agent.node_deployments import deployment_name
+    from ckptflow.flows.deployments import PROMOTE_DEPLOYMENT
+    from ckptflow.tasks.part_ops import this_host
+
+    async def runs_of(deployment: str) -> list:
         async with get_client() as client:
             return await client.read_flow_runs(
-                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["promote-on-staged"]))
+                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment]))
             )
 
     import asyncio
 
-    runs = [r for r in asyncio.run(promote_runs()) if r.parameters.get("run") == "e2e"]
+    part_runs = [
+        r for r in asyncio.run(runs_of(deployment_name(this_host()))) if r.parameters.get("run") == "e2e"
+    ]
+    runs = [r for r in asyncio.run(runs_of(PROMOTE_DEPLOYMENT)) if r.parameters.get("run") == "e2e"]
+    assert {r.parameters["step"] for r in part_runs} >= {10, 20}
     assert {r.parameters["step"] for r in runs} >= {10, 20}
-    assert all(isinstance(r.parameters["step"], int) for r in runs)
+    assert all(isinstance(r.parameters["step"], int) for r in runs + part_runs)
 
-    # Per batch, never per file, and no re-verification pass for tiers that held no copy yet:
-    # hot verify, then copy + commit + verify for warm and for cold (threads: one batch per hop).
-    first = min((r for r in runs if r.parameters["step"] == 20), key=lambda r: r.expected_start_time)
-    assert _task_runs_by_name(first.id) == {
+    # Per batch, never per file, and no re-verification pass for tiers that held no copy yet: the
+    # node verifies and copies its part (one batch each with threads) and announces the warm copy;
+    # the pipeline verifies warm, then copies, commits and verifies cold.
+    first_part = min(
+        (r for r in part_runs if r.parameters["step"] == 20), key=lambda r: r.expected_start_time
+    )
+    assert _task_runs_by_name(first_part.id) == {
         "verify_hot_batch": 1,
-        "copy_batch": 2,
-        "commit_replica": 2,
-        "verify_replica": 2,
+        "copy_batch": 1,
+        "announce_published": 1,
     }
+    first = min((r for r in runs if r.parameters["step"] == 20), key=lambda r: r.expected_start_time)
+    assert _task_runs_by_name(first.id) == {"copy_batch": 1, "commit_replica": 1, "verify_replica": 2}
 
     # Each S3 object's stored full-object CRC64NVME equals the manifest's value.
     tiers = build_tiers(load_config(config))
@@ -185,13 +198,14 @@ def test_prefect_down_during_training_then_reconcile_promotes_everything(stack, 
     finally:
         catalog.dispose()
 
-    # Prefect is back (the stack's server): reconcile catches up.
+    # Prefect is back (the stack's server): reconcile posts the staged events training could not,
+    # the node's agent promotes its part of each, and the published events carry them to cold.
     from ckptflow.flows.reconcile import reconcile
 
     rows = reconcile(str(stack.config_path), max_promotions_per_run=10)
-    promoted = sorted(r["step"] for r in rows if r["action"] == "promoted" and r["run"] == "offline")
-    assert promoted == [10, 20, 30]
-    wait_ready(stack.config_path, "offline", [10, 20, 30], timeout_s=5)
+    posted = sorted(r["step"] for r in rows if r["action"] == "staged event posted" and r["run"] == "offline")
+    assert posted == [10, 20, 30]
+    wait_ready(stack.config_path, "offline", [10, 20, 30])
     catalog = Catalog.open(yaml.safe_load(config.read_text())["catalog"])
     try:
         assert [e for e in catalog.undelivered_events() if e.run == "offline"] == []
@@ -228,6 +242,9 @@ def test_s3_killed_mid_multipart_upload_then_retry_and_reconcile(stack, tmp_path
     config = _config(stack, tmp_path, **{"prefect.api_url": None})  # no event: promote by hand below
     _train(config, "s3kill", 10, tmp_path, hidden=1600, every=10)
     from ckptflow.flows.promote import promote
+    from ckptflow.flows.promote_part import promote_part
+
+    assert promote_part("s3kill", 10, str(config))["action"] == "published"  # this node's part: warm
 
     client = stack.seaweed.client()
     killed = threading.Event()
@@ -278,10 +295,10 @@ def test_warm_tier_out_of_space_fails_clearly_and_keeps_hot(stack, tmp_path):
     try:
         config = _config(stack, tmp_path, **{"tiers.warm.root": str(tiny), "prefect.api_url": None})
         _train(config, "nospace", 10, tmp_path, hidden=512)
-        from ckptflow.flows.promote import promote
+        from ckptflow.flows.promote_part import promote_part
 
         with pytest.raises(Exception, match="No space left on device"):
-            promote("nospace", 10, str(config))
+            promote_part("nospace", 10, str(config))
         tiers = build_tiers(load_config(config))
         assert tiers["hot"].verify("nospace", 10).ok  # the hot replica is kept, intact
         assert replica_states(config, "nospace")[10].get("warm") != ReplicaState.READY.value

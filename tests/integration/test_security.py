@@ -355,6 +355,16 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
 
 
+def _wait_for_deployment(prefect_auth: Any, name: str, log: Path, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with prefect_auth.client() as client:
+            if name in {d["name"] for d in _paged(client, "deployments/filter", {})}:
+                return
+        time.sleep(1.0)
+    pytest.fail(f"the node agent's deployment {name} never appeared; agent log:\n{log.read_text()[-4000:]}")
+
+
 def test_deployed_pipeline_runs_authenticated_and_no_log_or_artifact_holds_a_secret(
     prefect_auth: AuthServer,
     seaweed: SeaweedServer,
@@ -412,17 +422,17 @@ def test_deployed_pipeline_runs_authenticated_and_no_log_or_artifact_holds_a_sec
     with prefect_auth.client() as client:
         deployments = {d["name"]: d for d in _paged(client, "deployments/filter", {})}
         assert set(deployments) == {
-            "promote-on-staged",
+            "promote-on-published",
             "reconcile-every-5-min",
             "scrub-daily",
             "apply-retention-daily",
             "recovery-drill-daily",
         }
-        assert deployments["promote-on-staged"]["parameters"] == {"config_path": str(config_path)}
+        assert deployments["promote-on-published"]["parameters"] == {"config_path": str(config_path)}
         assert deployments["apply-retention-daily"]["parameters"]["policy_path"] == str(
             config_dir / "retention.yaml"
         )
-        promote_id = deployments["promote-on-staged"]["id"]
+        promote_id = deployments["promote-on-published"]["id"]
 
     worker_log = tmp_path / "worker.log"
     with open(worker_log, "wb") as log:
@@ -434,7 +444,23 @@ def test_deployed_pipeline_runs_authenticated_and_no_log_or_artifact_holds_a_sec
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    # This machine is the job's one node: its agent serves the node's promote-part deployment.
+    agent_log = tmp_path / "agent.log"
+    with open(agent_log, "wb") as log:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "ckptflow.agent", "--config", str(config_path)],
+            cwd=tmp_path,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
+        # The node's deployment (and its trigger) exists before the job's first event.
+        from ckptflow.agent.node_deployments import deployment_name
+        from ckptflow.tasks.part_ops import this_host
+
+        _wait_for_deployment(prefect_auth, deployment_name(this_host()), agent_log)
         # The training side: a committed checkpoint, its staged event sent with the auth string.
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
@@ -462,6 +488,7 @@ def test_deployed_pipeline_runs_authenticated_and_no_log_or_artifact_holds_a_sec
         promoted_s = time.perf_counter() - started
     finally:
         _stop_group(worker)
+        _stop_group(agent)
 
     _, tiers = load(str(config_path))
     assert tiers["warm"].verify(RUN, STEP).ok
@@ -494,6 +521,7 @@ def test_deployed_pipeline_runs_authenticated_and_no_log_or_artifact_holds_a_sec
     out, err = capfd.readouterr()
     texts["stdout"], texts["stderr"] = out, err
     texts["worker and flow-run output"] = worker_log.read_text(errors="replace")
+    texts["node agent and its flow-run output"] = agent_log.read_text(errors="replace")
     with prefect_auth.client() as client:
         flow_runs = _paged(client, "flow_runs/filter", {})
         texts["flow runs"] = json.dumps(flow_runs)

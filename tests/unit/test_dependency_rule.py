@@ -21,6 +21,7 @@ ALLOWED_INTERNAL = {
     "training_hooks": {"training_hooks", "storage", "catalog", "policy"},
     "tasks": {"tasks", "catalog", "storage", "policy"},
     "flows": {"flows", "tasks", "catalog", "storage", "policy"},
+    "agent": {"agent", "flows", "tasks", "catalog", "storage", "policy"},
 }
 FORBIDDEN_EXTERNAL = {
     "storage": {"torch", "sqlalchemy", "sqlmodel", "prefect"},

@@ -174,8 +174,8 @@ def test_the_promote_flow_refuses_an_event_payload_that_climbs_out(tmp_path: Pat
         promote.fn("../../x", 1, str(tmp_path / "ckptflow.yaml"))
 
 
-def test_reconcile_leaves_directories_that_are_not_runs_alone(tmp_path: Path) -> None:
-    from ckptflow.flows.reconcile import _runs_on_hot
+def test_node_housekeeping_leaves_directories_that_are_not_runs_alone(tmp_path: Path) -> None:
+    from ckptflow.flows.node_housekeeping import runs_on_hot as _runs_on_hot
 
     for name in ("lost+found", ".Trash-1000", "run-a", "run_b"):
         (tmp_path / name).mkdir()

@@ -1,0 +1,18 @@
+"""The per-node agent: the share of the pipeline that must run where a node's disk is.
+
+``ckptflow agent --config ckptflow.yaml`` runs on every training node for the life of the job
+(``srun --ntasks-per-node=1``, a Kubernetes sidecar or DaemonSet: docs/DEPLOY.md). It serves this
+node's Prefect deployments, so their flow runs execute here, as subprocesses of the agent, and show
+in the Prefect UI under the node's name:
+
+- ``promote-part/node-<host>``: triggered by every ``ckptflow.checkpoint.staged`` event that names
+  this host as one of its nodes (the event carries one related resource per node; the trigger's
+  ``match_related`` picks this host's): copy this node's part to warm, publish when complete;
+- ``node-housekeeping/node-<host>``: on an interval, sync this node's holdings into the catalog,
+  clean stale partials, promote what events missed.
+
+Routing choice (see ../shared/MULTINODE.md §5): one deployment per node, served by that node's agent
+(``serve``), matching the node in the event's related resources. No work-pool queue naming, no
+dispatcher flow, one automation per deployment that Prefect creates from the trigger; an agent that
+is down simply leaves its node's part for its housekeeping (or the pipeline's reconcile) to catch up.
+"""

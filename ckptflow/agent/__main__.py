@@ -1,0 +1,51 @@
+"""``python -m ckptflow.agent --config ckptflow.yaml [--node HOST]``: catch up once (node-housekeeping:
+what this node missed while no agent listened), then serve this node's deployments (blocks for the
+life of the job; stop it with SIGTERM)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from prefect import serve
+
+from ckptflow.agent.node_deployments import node_deployments
+from ckptflow.flows.node_housekeeping import node_housekeeping
+from ckptflow.flows.pinned import CONFIG_DIR_ENV
+from ckptflow.tasks.part_ops import this_host
+
+log = logging.getLogger("ckptflow.agent")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Serve this node's ckptflow deployments (blocks).")
+    ap.add_argument("--config", required=True, help="path to ckptflow.yaml, as this node sees it")
+    ap.add_argument("--node", default=None, help="this node's host name (default: socket.gethostname())")
+    ap.add_argument("--housekeeping-interval-s", type=int, default=300)
+    ap.add_argument("--limit", type=int, default=4, help="flow runs at once on this node")
+    ap.add_argument(
+        "--no-catch-up",
+        dest="catch_up",
+        action="store_false",
+        help="do not run node-housekeeping once before serving",
+    )
+    args = ap.parse_args(argv)
+    config = Path(args.config).resolve()
+    # Served runs inherit this environment: their config must be this directory's (flows/pinned.py).
+    os.environ.setdefault(CONFIG_DIR_ENV, str(config.parent))
+    host = args.node or this_host()
+    if args.catch_up:
+        # Whatever this node missed while no agent ran (events fire only for the listening): first.
+        try:
+            node_housekeeping(str(config), host)
+        except Exception as exc:  # noqa: BLE001 - the agent must start serving anyway
+            log.error("node %s: the start-up housekeeping failed: %s", host, exc)
+    serve(*node_deployments(str(config), host, args.housekeeping_interval_s), limit=args.limit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

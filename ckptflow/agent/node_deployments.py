@@ -1,0 +1,54 @@
+"""The deployments one node's agent serves (see the package docstring)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect.events import DeploymentEventTrigger
+from prefect.types.entrypoint import EntrypointType
+
+from ckptflow.catalog import STAGED_EVENT
+from ckptflow.flows.node_housekeeping import node_housekeeping
+from ckptflow.flows.promote_part import promote_part
+
+
+def deployment_name(host: str) -> str:
+    """``node-<host>``: what the node's deployments are called in the Prefect UI."""
+    return f"node-{host}"
+
+
+def node_deployments(config_path: str, host: str, housekeeping_interval_s: int = 300) -> list:
+    """The RunnerDeployments of the agent on ``host`` (``config_path`` as this node sees it)."""
+    config = str(Path(config_path).resolve())
+    on_staged = DeploymentEventTrigger(
+        name=f"checkpoint staged, part on {host}",
+        expect={STAGED_EVENT},
+        match={"prefect.resource.id": "ckptflow.checkpoint.*"},
+        match_related={"prefect.resource.role": "node", "ckptflow.node": host},
+        parameters={
+            "run": "{{ event.payload.run }}",
+            "step": "{{ event.payload.step }}",
+            "config_path": config,
+            "node": host,
+        },
+    )
+    module = EntrypointType.MODULE_PATH
+    tags = ["ckptflow", f"node:{host}"]
+    return [
+        promote_part.to_deployment(
+            name=deployment_name(host),
+            entrypoint_type=module,
+            triggers=[on_staged],
+            parameters={"config_path": config, "node": host},
+            description=f"Copy node {host}'s part of a staged checkpoint to warm; publish it when complete.",
+            tags=tags,
+        ),
+        node_housekeeping.to_deployment(
+            name=deployment_name(host),
+            entrypoint_type=module,
+            interval=housekeeping_interval_s,
+            parameters={"config_path": config, "node": host},
+            description=f"Node {host}: catalog sync of its disk, stale partials, missed promotions.",
+            tags=tags,
+        ),
+    ]

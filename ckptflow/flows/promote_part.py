@@ -1,0 +1,97 @@
+"""``promote-part``: one node's share of promoting a checkpoint, run on that node by its agent.
+
+Triggered by ``ckptflow.checkpoint.staged`` through the node's own deployment (the event names every
+node as a related resource; each agent's trigger matches its host: see :mod:`ckptflow.agent`). The
+node verifies the files it holds that the first colder tier (warm) still lacks, copies them there in
+batches (checksummed in the same pass), records what it holds in the catalog, and when that
+completed the tier's copy, publishes it (manifest last) and emits ``ckptflow.checkpoint.published``,
+which starts the central ``promote`` (verify warm, then cold from warm). A node that is not the last
+leaves the tier's replica COPYING with the nodes it is waiting for named; nothing incomplete is ever
+published. Reads only this node's own hot root.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from ckptflow.flows.pinned import pinned_path
+from ckptflow.flows.runners import batch_count, submit, task_runner_for
+from ckptflow.storage.run_names import check_run_name
+from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica
+from ckptflow.tasks.part_ops import NotOnThisNode, first_colder_tier, node_holding, plan_part, this_host
+from ckptflow.tasks.part_tasks import announce_published, holding_summary, record_holding
+from ckptflow.tasks.replica_tasks import commit_replica, copy_batch, verify_hot_batch
+from ckptflow.tasks.tiers import batches_of, load
+
+PART_THREADS = 8
+
+
+class PartPromotionError(RuntimeError):
+    """This node's part could not be copied (its hot copy does not match its manifest)."""
+
+
+@flow(name="promote-part", log_prints=False)
+def promote_part(run: str, step: int, config_path: str, node: str | None = None) -> dict[str, Any]:
+    """Copy what this node holds of (run, step) to the first colder tier; publish it if complete."""
+    check_run_name(run, "promote-part: parameter 'run'")  # first: the run comes from an event payload
+    logger = get_run_logger()
+    started = time.perf_counter()
+    config_path = pinned_path(config_path, "config_path")
+    host = node or this_host()
+    config, tiers = load(config_path)
+    target = first_colder_tier(config)
+    tier = tiers[target]
+    row: dict[str, Any] = {"run": run, "step": step, "node": host, "tier": target, "files": 0, "bytes": 0}
+    if tier.read_manifest(run, step) is not None:
+        logger.info("%s step %d is already published on %s", run, step, target)
+        return {**row, "action": "already published", "seconds": round(time.perf_counter() - started, 3)}
+    try:
+        holding = node_holding(tiers["hot"], run, step)  # type: ignore[arg-type]
+    except NotOnThisNode as exc:
+        logger.warning("nothing of %s step %d on node %s: %s", run, step, host, exc)
+        return {**row, "action": "nothing on this node", "seconds": round(time.perf_counter() - started, 3)}
+    checkpoint_id = ensure_checkpoint_row.fn(config_path, run, step)
+    plan = plan_part(holding, tier)
+    batches = batches_of(holding.manifest, plan.to_copy, batch_count(config))
+    with task_runner_for(config, threads=PART_THREADS) as runner:
+        checks = [submit(runner, verify_hot_batch, config_path, run, step, b) for b in batches]
+        problems = [p for f in checks for p in f.result()]
+        if problems:
+            raise PartPromotionError(f"node {host}: its copy of {run} step {step} is damaged: {problems[:5]}")
+        record_replica.fn(config_path, checkpoint_id, target, "pending", uri=tier.uri(run, step))
+        record_replica.fn(config_path, checkpoint_id, target, "copying", uri=tier.uri(run, step))
+        copied = [
+            f.result()
+            for f in [
+                submit(runner, copy_batch, config_path, run, step, target, b, i)
+                for i, b in enumerate(batches)
+            ]
+        ]
+    parts = record_holding.fn(config_path, run, step, host, holding)
+    row.update(
+        files=sum(c["files"] for c in copied),
+        bytes=sum(c["bytes"] for c in copied),
+        parts_held=parts,
+        **{f"held_{k}": v for k, v in holding_summary(holding).items()},
+    )
+    waiting = tier.missing_files(holding.manifest)
+    if waiting:
+        who = plan_part(holding, tier).waiting_nodes(holding.manifest)
+        reason = f"waiting for the parts of {', '.join(who)}"
+        record_replica.fn(
+            config_path, checkpoint_id, target, "copying", uri=tier.uri(run, step), reason=reason
+        )
+        logger.info("%s step %d: node %s copied its part to %s; %s", run, step, host, target, reason)
+        return {
+            **row,
+            "action": "part copied",
+            "waiting_for": who,
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+    uri = commit_replica.fn(config_path, run, step, target)
+    announce_published(run, step, target, host)
+    logger.info("%s step %d: node %s completed and published it on %s (%s)", run, step, host, target, uri)
+    return {**row, "action": "published", "uri": uri, "seconds": round(time.perf_counter() - started, 3)}

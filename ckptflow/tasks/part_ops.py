@@ -1,0 +1,92 @@
+"""Plain functions behind a node's share of promotion: what this node holds of a checkpoint, what the
+first colder tier still lacks, and who it is waiting for. No Prefect here.
+
+With node-local hot storage only the node that holds a part can read it, so each node's agent copies
+what it holds and the tier lacks (its own part; ``.metadata``; a part it fetched back after a
+replacement), and the copy that completes the set publishes the checkpoint on that tier (manifest
+last, one committer at a time: see :mod:`ckptflow.storage.parts`). Which node owns what comes from
+the manifest's ``nodes``; which files a node holds comes from its own disk, never from anyone else's.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ckptflow.policy.config import CkptflowConfig
+from ckptflow.storage.manifest import FileEntry, Manifest, ManifestError, read_manifest
+from ckptflow.storage.posix_tier import PosixTier
+from ckptflow.storage.tier import Tier
+
+
+class NotOnThisNode(LookupError):
+    """This node's hot root holds no decided copy of the checkpoint (nothing to promote here)."""
+
+
+def this_host() -> str:
+    """The name nodes are known by in manifests and events (``socket.gethostname()``)."""
+    return socket.gethostname()
+
+
+def first_colder_tier(config: CkptflowConfig) -> str:
+    """The tier node parts are copied into (warm, or cold when there is no warm)."""
+    colder = [t for t in config.tier_names() if t != "hot"]
+    if not colder:
+        raise ValueError(
+            "ckptflow.yaml has no tier colder than hot to promote to (add tiers.warm or tiers.cold)"
+        )
+    return colder[0]
+
+
+@dataclass
+class NodeHolding:
+    """What this node's disk holds of one decided checkpoint."""
+
+    directory: Path
+    manifest: Manifest
+    held: list[FileEntry]  # files of the manifest present on this node (at their size)
+
+    @property
+    def held_paths(self) -> set[str]:
+        return {e.path for e in self.held}
+
+
+def node_holding(hot: PosixTier, run: str, step: int) -> NodeHolding:
+    """This node's copy of (run, step); NotOnThisNode if it holds no decided one."""
+    directory = hot.path(run, step)
+    try:
+        manifest = read_manifest(directory)
+    except ManifestError as exc:
+        raise NotOnThisNode(f"{directory}: {exc}") from None
+    held = []
+    for entry in manifest.files:
+        try:
+            if (directory / entry.path).stat().st_size == entry.size:
+                held.append(entry)
+        except FileNotFoundError:
+            continue
+    return NodeHolding(directory, manifest, held)
+
+
+@dataclass
+class PartPlan:
+    """What this node copies to the tier, and what the tier will still lack after it."""
+
+    to_copy: list[str]
+    waiting_for: list[str] = field(default_factory=list)  # files only other nodes can bring
+
+    def waiting_nodes(self, manifest: Manifest) -> list[str]:
+        """``node 1 (host-b)`` for every node whose part the tier still lacks after this copy."""
+        owners = sorted({e.node for e in manifest.files if e.path in set(self.waiting_for)})
+        hosts = {n.node: n.host for n in manifest.nodes}
+        return [f"node {k} ({hosts.get(k, '?')})" for k in owners]
+
+
+def plan_part(holding: NodeHolding, tier: Tier) -> PartPlan:
+    """Copy every file the tier lacks that this node holds; the rest must come from other nodes."""
+    missing = tier.missing_files(holding.manifest)
+    return PartPlan(
+        to_copy=[p for p in missing if p in holding.held_paths],
+        waiting_for=[p for p in missing if p not in holding.held_paths],
+    )

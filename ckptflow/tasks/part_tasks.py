@@ -1,0 +1,78 @@
+"""Tasks of a node's share of promotion (run by that node's agent): record what the node holds,
+publish the first colder tier's copy when it is complete, and announce it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from ckptflow.catalog import Catalog, ReplicaState
+from ckptflow.storage.event_schema import PUBLISHED_EVENT, STAGED_EVENT, checkpoint_resource, node_resources
+from ckptflow.tasks.part_ops import NodeHolding
+from ckptflow.tasks.tiers import load
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def record_holding(config_path: str, run: str, step: int, host: str, holding: NodeHolding) -> list[int]:
+    """Record in the catalog which parts of (run, step) this node holds whole; return their indexes."""
+    config, _ = load(config_path)
+    manifest = holding.manifest
+    held = holding.held_paths
+    parts = [
+        n.node
+        for n in manifest.nodes
+        if all(e.path in held for e in manifest.part_files(n.node)) and manifest.part_files(n.node)
+    ]
+    if not manifest.nodes and len(held) == len(manifest.files):
+        parts = [0]  # a format-1 (single-node) checkpoint: one part, this node's
+    catalog = Catalog.open(config.catalog)
+    try:
+        catalog.record_parts(
+            run,
+            step,
+            [(k, host, str(holding.directory), manifest.part_bytes(k)) for k in parts],
+            ReplicaState.READY,
+        )
+    finally:
+        catalog.dispose()
+    return parts
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def announce_published(run: str, step: int, tier: str, host: str) -> str:
+    """Emit ``ckptflow.checkpoint.published``: the central ``promote`` takes it from there."""
+    from prefect.events import emit_event  # noqa: PLC0415
+    from prefect.events.worker import EventsWorker  # noqa: PLC0415
+
+    resource = checkpoint_resource(run, step, **{"ckptflow.tier": tier})
+    emit_event(
+        event=PUBLISHED_EVENT,
+        resource=resource,
+        related=[{"prefect.resource.id": f"ckptflow.node.{host}", "prefect.resource.role": "publisher"}],
+        payload={"run": run, "step": step, "tier": tier, "published_by": host},
+    )
+    # emit_event only queues; the flow-run process may exit right after.
+    EventsWorker.drain_all(timeout=15)
+    return resource["prefect.resource.id"]
+
+
+def holding_summary(holding: NodeHolding) -> dict[str, Any]:
+    return {"files": len(holding.held), "bytes": sum(e.size for e in holding.held)}
+
+
+def repost_staged(run: str, step: int, payload: dict[str, Any]) -> bool:
+    """Post a ``staged`` event training could not deliver, from its outbox payload (which names the
+    nodes), so every node's agent promotes its part; True if Prefect accepted it."""
+    from prefect.events import emit_event  # noqa: PLC0415
+    from prefect.events.worker import EventsWorker  # noqa: PLC0415
+
+    emitted = emit_event(
+        event=STAGED_EVENT,
+        resource=checkpoint_resource(run, step),
+        related=node_resources(payload.get("nodes") or []),
+        payload=payload,
+    )
+    EventsWorker.drain_all(timeout=15)
+    return emitted is not None
