@@ -206,14 +206,25 @@ def scenario_train(args: argparse.Namespace, node: int) -> dict[str, Any]:
     marker = Path(args.out) / f"slow-rank{rank}" if slow else None
     hook = StallOnce(args.slow_s, args.slow_step, marker) if slow else None
     warm = PosixTier("warm", args.warm)
-    ckpt = Checkpointer(
-        RUN,
-        Path(args.hot) / RUN,
-        cadence=Cadence.every_steps(args.save_every),
-        options=CheckpointOptions(deadline_s=60.0, on_busy="wait", stale_partial_age_s=0.0),
-        fallback_tiers=[warm],
-        write_hook=hook,
-    )
+    if args.config:  # as a deployment runs it: catalog, staged events, tiers from ckptflow.yaml
+        ckpt = Checkpointer.from_config(
+            args.run,
+            args.config,
+            cadence=Cadence.every_steps(args.save_every),
+            write_hook=hook,
+            deadline_s=60.0,
+            on_busy="wait",
+            stale_partial_age_s=0.0,
+        )
+    else:
+        ckpt = Checkpointer(
+            args.run,
+            Path(args.hot) / args.run,
+            cadence=Cadence.every_steps(args.save_every),
+            options=CheckpointOptions(deadline_s=60.0, on_busy="wait", stale_partial_age_s=0.0),
+            fallback_tiers=[warm],
+            write_hook=hook,
+        )
     start = ckpt.restore(state)
     promoted = []
     for step in range(start, args.steps):
@@ -340,10 +351,12 @@ SCENARIOS = {
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--hot", required=True)
-    ap.add_argument("--warm", required=True)
+    ap.add_argument("--hot", default="")
+    ap.add_argument("--warm", default="")
     ap.add_argument("--out", required=True)
     ap.add_argument("--scenarios", required=True)
+    ap.add_argument("--config", default=None, help="ckptflow.yaml: train as a deployed job would")
+    ap.add_argument("--run-name", dest="run", default=RUN)  # torchrun would take "--run" for --run-path
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--save-every", type=int, default=3)
     ap.add_argument("--promote", type=lambda s: [int(v) for v in s.split(",") if v], default=[])

@@ -2,9 +2,12 @@
 
 A node's processes see ``hot_path`` (the same path on every node) bind-mounted from the node's own
 backing directory, so the nodes see identical paths and different disks, as on a cluster with
-node-local NVMe; a directory outside the namespaces stands for the shared warm filesystem. Each
-node runs ``torchrun --nnodes N --node-rank K`` with a c10d rendezvous on 127.0.0.1 and its own
-loopback address (127.0.1.<K+1>, so ranks are assigned in node order) and its own host name.
+node-local NVMe; a directory outside the namespaces stands for the shared warm filesystem. A node is
+one namespace held open by a small holder process; every process of the node (its torchrun, its
+ckptflow agent) is started inside it with ``nsenter``, and killing the node kills every process in
+the namespace. Each node runs ``torchrun --nnodes N --node-rank K`` with a c10d rendezvous on
+127.0.0.1, its own loopback address (127.0.1.<K+1>, so ranks are assigned in node order) and its own
+host name (``node<K>``).
 
 As root (CI) plain ``unshare --mount --uts`` is used; otherwise an unprivileged user namespace
 (``unshare -Urm --uts``) where the kernel allows one. :func:`unavailable` says why neither works.
@@ -62,24 +65,68 @@ def free_port() -> int:
 
 @dataclass
 class Node:
-    """One simulated node: its backing disk, its launcher process and its log."""
+    """One simulated node: its backing disk, the process holding its namespace, what runs in it."""
 
     index: int
     disk: Path
     log: Path
-    proc: subprocess.Popen[bytes] | None = None
+    holder: subprocess.Popen[bytes] | None = None
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def host(self) -> str:
+        return f"node{self.index}"
+
+    def boot(self, hot_path: Path) -> None:
+        """Create the node: its namespace, its disk mounted at ``hot_path``, its host name."""
+        prefix = unshare_prefix()
+        assert prefix is not None, unavailable()
+        self.disk.mkdir(parents=True, exist_ok=True)
+        hot_path.mkdir(parents=True, exist_ok=True)
+        inner = (
+            f"mount --bind {shlex.quote(str(self.disk))} {shlex.quote(str(hot_path))}"
+            f" && hostname {self.host} && exec sleep 100000"
+        )
+        self.holder = subprocess.Popen(
+            [*prefix, "sh", "-c", inner], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # the namespace is ready once the holder runs sleep
+            try:
+                if Path(f"/proc/{self.holder.pid}/comm").read_text().strip() == "sleep":
+                    return
+            except OSError:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"node {self.index}: its namespace did not come up")
+
+    def spawn(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start ``argv`` inside the node (its disk at the hot path, its host name)."""
+        assert self.holder is not None, "boot the node first"
+        enter = ["nsenter", f"--target={self.holder.pid}", "--mount", "--uts"]
+        if os.geteuid() != 0:
+            enter += ["--user", "--preserve-credentials"]
+        node_env = dict(os.environ if env is None else env)
+        # One thread per process (2 shared cores, many ranks); gloo on loopback.
+        node_env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", CKPTFLOW_TEST_NODE=str(self.index))
+        with log.open("ab") as sink:  # a file, not a pipe: a full pipe would stall a rank
+            proc = subprocess.Popen(
+                [*enter, "--", *argv], stdout=sink, stderr=subprocess.STDOUT, env=node_env
+            )
+        self.procs.append(proc)
+        return proc
 
     def namespace(self) -> str | None:
-        """The mount namespace id of the node's launcher (None once it is gone)."""
-        if self.proc is None:
+        """The mount namespace id of the node (None once it is gone)."""
+        if self.holder is None:
             return None
         try:
-            return os.readlink(f"/proc/{self.proc.pid}/ns/mnt")
+            return os.readlink(f"/proc/{self.holder.pid}/ns/mnt")
         except OSError:
             return None
 
     def processes(self) -> list[int]:
-        """Every live process in the node's mount namespace (its agent and its ranks)."""
+        """Every live process in the node's mount namespace (holder, agent, torchrun, ranks)."""
         namespace = self.namespace()
         if namespace is None:
             return []
@@ -105,11 +152,11 @@ class Node:
                 except ProcessLookupError:
                     pass
             time.sleep(0.2)
-        if self.proc is not None:
+        for proc in [*self.procs, *([self.holder] if self.holder else [])]:
             try:
-                self.proc.wait(timeout=30)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                proc.kill()
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else "(no output)"
@@ -124,13 +171,18 @@ class Cluster:
     nodes: list[Node]
     nproc: int
     port: int = field(default_factory=free_port)
+    launchers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def boot(self) -> None:
+        for node in self.nodes:
+            if node.holder is None:
+                node.boot(self.hot_path)
 
     def start(self, script: Path, args: list[str], env: dict[str, str] | None = None) -> None:
-        prefix = unshare_prefix()
-        assert prefix is not None, unavailable()
-        self.hot_path.mkdir(parents=True, exist_ok=True)
+        """torchrun ``script args`` on every node (booting the nodes first if needed)."""
+        self.boot()
+        self.launchers = []
         for node in self.nodes:
-            node.disk.mkdir(parents=True, exist_ok=True)
             torchrun = [
                 sys.executable,
                 "-m",
@@ -147,26 +199,15 @@ class Cluster:
                 str(script),
                 *args,
             ]
-            inner = (
-                f"mount --bind {shlex.quote(str(node.disk))} {shlex.quote(str(self.hot_path))}"
-                f" && hostname node{node.index} && exec {shlex.join(torchrun)}"
-            )
-            node_env = dict(os.environ if env is None else env)
-            # One thread per process (2 shared cores, many ranks); gloo on loopback.
-            node_env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", CKPTFLOW_TEST_NODE=str(node.index))
-            with node.log.open("wb") as sink:  # a file, not a pipe: a full pipe would stall a rank
-                node.proc = subprocess.Popen(
-                    [*prefix, "sh", "-c", inner], stdout=sink, stderr=subprocess.STDOUT, env=node_env
-                )
+            self.launchers.append(node.spawn(torchrun, node.log, env))
 
     def wait(self, timeout_s: float) -> None:
-        """Wait for every node to exit 0; on a timeout or a failure kill all and raise with the logs."""
+        """Wait for every node's torchrun to exit 0; on a timeout or a failure kill all and raise."""
         deadline = time.monotonic() + timeout_s
         failed = None
-        for node in self.nodes:
-            assert node.proc is not None
+        for node, proc in zip(self.nodes, self.launchers, strict=True):
             try:
-                code = node.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 failed = f"node {node.index} still running after {timeout_s:g} s (deadlock?)"
                 break
@@ -176,6 +217,10 @@ class Cluster:
         if failed:
             self.kill()
             raise AssertionError(f"{self.name}: {failed}\n{self.output()}")
+
+    def shutdown(self) -> None:
+        """After a job: end every node (the disks stay)."""
+        self.kill()
 
     def kill(self) -> None:
         for node in self.nodes:

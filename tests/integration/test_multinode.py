@@ -80,6 +80,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     reference = cluster("reference", work, hot, ref_disks, nproc=2)
     _launch(reference, out["reference"], [*common[:2], "--warm", str(work / "ref-warm")], "train")
     reference.wait(LAUNCH_TIMEOUT_S)
+    reference.shutdown()
     logs["reference"] = reference.output()
 
     crash = cluster("crash", work, hot, disks[:2], nproc=2)
@@ -89,9 +90,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     markers = [out["crash"] / f"slow-rank{r}" for r in (2, 3)]
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
     while not all(m.exists() for m in markers):
-        if time.monotonic() > deadline or any(
-            n.proc is not None and n.proc.poll() is not None for n in crash.nodes
-        ):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in crash.launchers):
             crash.kill()
             pytest.fail(f"node 1 never reached its write of step 9\n{crash.output()}")
         time.sleep(0.1)
@@ -105,14 +104,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     resume = cluster("resume", work, hot, disks[:2], nproc=2)
     _launch(resume, out["resume"], [*common, "--promote", "12"], "train,straggler,corrupt,inject")
     resume.wait(LAUNCH_TIMEOUT_S)
+    resume.shutdown()
     logs["resume"] = resume.output()
 
     three = cluster("three", work, hot, disks, nproc=2)
     _launch(three, out["three"], common, "restore-only")
     three.wait(LAUNCH_TIMEOUT_S)
+    three.shutdown()
     one = cluster("one", work, hot, disks[:1], nproc=1)
     _launch(one, out["one"], common, "restore-only")
     one.wait(LAUNCH_TIMEOUT_S)
+    one.shutdown()
     yield Runs(work, hot, warm, disks, out, logs, kill_seen)
 
 
