@@ -110,7 +110,6 @@ class PrefectConfig(_Strict):
             )
         return value
 
-
     def auth_string(self) -> str | None:
         """``PREFECT_API_AUTH_STRING`` if set, else the content of ``auth_string_file``, else None."""
         if os.environ.get("PREFECT_API_AUTH_STRING"):

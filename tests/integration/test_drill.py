@@ -171,9 +171,7 @@ def test_drill_from_cold_passes_at_world_size_2_to_1(stack, tmp_path):
         catalog.dispose()
     event = _wait_event(stack.prefect, "ckptflow.drill.passed", "ckptflow.drill.w2-to-1.")
     assert event["payload"]["step"] == 20 and event["payload"]["passed"] is True
-    artifacts = _post(
-        stack.prefect, "artifacts/filter", {"artifacts": {"key": {"any_": ["drill-w2-to-1"]}}}
-    )
+    artifacts = _post(stack.prefect, "artifacts/filter", {"artifacts": {"key": {"any_": ["drill-w2-to-1"]}}})
     assert artifacts and "PASSED" in artifacts[0]["data"] and "| loss after restore |" in artifacts[0]["data"]
 
 

@@ -62,7 +62,10 @@ def test_drill_history_reports_a_database_error_in_one_line_without_the_password
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
-        (f"postgresql+psycopg://ckpt:{PASSWORD}@db:notaport/ckptflow", "postgresql+psycopg://ckpt:***@db:notaport"),
+        (
+            f"postgresql+psycopg://ckpt:{PASSWORD}@db:notaport/ckptflow",
+            "postgresql+psycopg://ckpt:***@db:notaport",
+        ),
         (f"postgres ql://ckpt:{PASSWORD}@db/ckptflow", "postgres ql://ckpt:***@db/ckptflow"),
         (f"nosuchdb://ckpt:{PASSWORD}@db/ckptflow", "nosuchdb://ckpt:***@db/ckptflow"),
     ],
@@ -83,7 +86,7 @@ def test_the_training_sides_catalog_errors_hold_no_password() -> None:
 
 
 def test_redaction_removes_the_password_wherever_a_driver_quotes_it() -> None:
-    quoted = f"invalid connection option in \"password={PASSWORD} host=db\" for {DOWN}"
+    quoted = f'invalid connection option in "password={PASSWORD} host=db" for {DOWN}'
     assert PASSWORD not in redacted(quoted, DOWN)
     assert shown_url(f"postgresql://u:p@ss@{PASSWORD}@db/x") == "postgresql://u:***@db/x"
     assert shown_url("/var/lib/ckptflow/catalog.db") == "/var/lib/ckptflow/catalog.db"
