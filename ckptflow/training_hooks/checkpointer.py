@@ -53,7 +53,14 @@ log = logging.getLogger("ckptflow.checkpointer")
 
 
 class CheckpointSaveError(RuntimeError):
-    """A background save failed; raised by ``wait()``/``close()`` (and logged when it happened)."""
+    """Background saves failed; raised by ``wait()``/``close()`` (and logged when each happened).
+
+    The message lists every failure since the last raise; ``__cause__`` is the first, ``errors``
+    holds them all."""
+
+    def __init__(self, message: str, errors: Sequence[BaseException] = ()) -> None:
+        super().__init__(message)
+        self.errors = list(errors)
 
 
 @dataclass
@@ -66,6 +73,9 @@ class CheckpointerStats:
     failed: int = 0
     skipped_busy: int = 0
     skipped_existing: int = 0
+    # Committed saves whose catalog write or staged event failed afterwards (each logged; the
+    # checkpoint is committed all the same): see SaveStats.after_commit_errors.
+    after_commit_errors: int = 0
     history: deque[SaveStats] = field(default_factory=lambda: deque(maxlen=64))
     restore: RestoreReport | None = None
 
@@ -158,7 +168,9 @@ class Checkpointer:
         self._stager = HostStager()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ckptflow-save-r{self.rank}")
         self._inflight: Future[SaveStats] | None = None
-        self._error: BaseException | None = None
+        self._inflight_step = 0
+        # (step, error) of every background failure, until wait() raises them
+        self._errors: list[tuple[int, BaseException]] = []
         self._incarnation: str | None = None
         self._topology: Topology | None = None
         self._store: CoordinationStore | None = None
@@ -405,7 +417,7 @@ class Checkpointer:
         self.cadence.observe_stall(stall)
         self.cadence.record_save(step)
         self.stats.saves_started += 1
-        self._inflight = self._executor.submit(self._run_timed_job, job)
+        self._inflight, self._inflight_step = self._executor.submit(self._run_timed_job, job), step
         return True
 
     def _run_timed_job(self, job: SaveJob) -> SaveStats:
@@ -442,6 +454,7 @@ class Checkpointer:
                     "record_abandoned", job.run, job.step, job.save_id, f"failed: {job.stats.error}"
                 )
             raise
+        self.stats.after_commit_errors += len(stats.after_commit_errors)
         if stats.outcome == "committed":
             self.stats.committed += 1
         elif stats.outcome == "abandoned":
@@ -451,14 +464,13 @@ class Checkpointer:
         return stats
 
     def _drain(self) -> None:
-        """Wait for the save in flight; keep its error for wait()/close()."""
+        """Wait for the save in flight; keep its error (with every earlier one) for wait()/close()."""
         if self._inflight is None:
             return
         try:
             self._inflight.result()
         except BaseException as exc:  # noqa: BLE001 - stored and re-raised by wait()/close()
-            if self._error is None:
-                self._error = exc
+            self._errors.append((self._inflight_step, exc))
         self._inflight = None
 
     def wait_staged(self) -> None:
@@ -470,11 +482,18 @@ class Checkpointer:
         self._stager.wait()
 
     def wait(self) -> SaveStats | None:
-        """Block until the save in flight is finished; re-raise a background failure, if any."""
+        """Block until the save in flight is finished; raise :class:`CheckpointSaveError` naming
+        every background failure since the last raise, if any (its ``__cause__``: the first)."""
         self._drain()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise CheckpointSaveError(f"a background checkpoint save failed: {error}") from error
+        if self._errors:
+            failed, self._errors = self._errors, []
+            listed = "; ".join(f"step {step}: {type(e).__name__}: {e}" for step, e in failed)
+            if len(failed) == 1:
+                message = f"a background checkpoint save failed: {listed}"
+            else:
+                message = f"{len(failed)} background checkpoint saves failed: {listed}"
+            errors = [e for _, e in failed]
+            raise CheckpointSaveError(message, errors) from errors[0]
         return self.stats.last
 
     def close(self) -> None:

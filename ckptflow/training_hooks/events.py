@@ -10,10 +10,12 @@ Prefect is unreachable the event is dropped here and stays undelivered in the ou
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import logging
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from datetime import UTC, datetime
@@ -55,6 +57,10 @@ class EventPoster:
 
     Auth follows Prefect's client convention: ``PREFECT_API_AUTH_STRING`` ("user:pass") becomes a
     basic-auth header. The URL must be explicit: no default, no ephemeral server.
+
+    :meth:`post` never raises: whatever answers at the URL (nothing, a proxy speaking something
+    other than HTTP, a TLS port, a server that hangs up mid-answer), the event stays undelivered
+    in the outbox, and the failure is logged and kept in ``last_error``.
     """
 
     def __init__(self, api_url: str, timeout_s: float = 5.0, auth_string: str | None = None) -> None:
@@ -62,11 +68,35 @@ class EventPoster:
             raise ValueError(
                 f"EventPoster.api_url: must be an http(s) URL of the Prefect API, got {api_url!r}"
             )
+        try:
+            parts = urllib.parse.urlsplit(api_url)
+            parts.port  # noqa: B018 - parsing the port is the check (ValueError when out of range)
+        except ValueError as exc:
+            raise ValueError(
+                f"EventPoster.api_url: {api_url!r} is not a valid URL ({exc}); "
+                "give the Prefect API as http://HOST:PORT/api"
+            ) from None
+        if not parts.hostname:
+            raise ValueError(f"EventPoster.api_url: {api_url!r} names no host; give http://HOST:PORT/api")
         self.api_url = api_url.rstrip("/")
         self.timeout_s = timeout_s
         self._auth = auth_string if auth_string is not None else os.environ.get("PREFECT_API_AUTH_STRING")
+        self.last_error: str | None = None
 
     def post(self, events: list[dict[str, Any]]) -> bool:
+        """POST ``events``; True only if the server answered 2xx. Never raises (see the class)."""
+        try:
+            return self._post(events)
+        except Exception as exc:  # noqa: BLE001 - a notification must never fail a committed save
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning(
+                "event not delivered to %s (%s); it stays in the outbox for reconcile",
+                self.api_url,
+                self.last_error,
+            )
+            return False
+
+    def _post(self, events: list[dict[str, Any]]) -> bool:
         body = json.dumps(events).encode()
         request = urllib.request.Request(f"{self.api_url}/events", data=body, method="POST")
         request.add_header("Content-Type", "application/json")
@@ -76,12 +106,25 @@ class EventPoster:
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 ok = 200 <= response.status < 300
-        except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
+                response.read()  # a server hanging up inside its answer is a failed delivery too
+        except urllib.error.HTTPError as exc:  # an answer, but not 2xx (401: wrong auth string)
+            self.last_error = f"HTTP {exc.code} {exc.reason}"
             log.warning(
-                "event not delivered to %s (%s); it stays in the outbox for reconcile", self.api_url, reason
+                "Prefect at %s refused the event (%s); it stays in the outbox", self.api_url, self.last_error
+            )
+            return False
+        except (urllib.error.URLError, http.client.HTTPException, TimeoutError, OSError, ValueError) as exc:
+            # URLError: nothing listens; HTTPException: something that does not speak HTTP answered
+            # (BadStatusLine, RemoteDisconnected, IncompleteRead); ssl errors are OSErrors.
+            reason = getattr(exc, "reason", None) or exc
+            self.last_error = f"{type(exc).__name__}: {reason}"
+            log.warning(
+                "event not delivered to %s (%s); it stays in the outbox for reconcile",
+                self.api_url,
+                self.last_error,
             )
             return False
         if not ok:
+            self.last_error = f"HTTP {response.status}"
             log.warning("Prefect at %s refused the event; it stays in the outbox", self.api_url)
         return ok

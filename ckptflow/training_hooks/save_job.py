@@ -63,6 +63,9 @@ class SaveStats:
     missing_nodes: list[int] = field(default_factory=list)
     store_ops: int = 0  # round trips to the coordination store by this rank for this save
     error: str | None = None
+    # After the decision (coordinator): catalog writes and the staged event that failed. Logged and
+    # kept here, never raised: the checkpoint is committed whatever happens to its notifications.
+    after_commit_errors: list[str] = field(default_factory=list)
 
     @property
     def write_gbps(self) -> float:
@@ -358,9 +361,47 @@ def _clean_up(job: SaveJob, round_: CommitRound, quiet: bool = False) -> None:
 
 
 def _after_commit(job: SaveJob, stats: SaveStats, metadata: bytes, manifest_json: bytes) -> None:
-    """The coordinator, once the checkpoint is decided: catalog row, outbox, staged event."""
-    manifest = parse_manifest(manifest_json, where=f"{job.final_dir / MANIFEST_NAME}")
-    job.on_phase("catalog")
+    """The coordinator, once the checkpoint is decided: catalog row, outbox, staged event.
+
+    Nothing here can fail the save (it is committed on disk): each failure is logged and kept in
+    ``stats.after_commit_errors``; ``reconcile`` and ``catalog sync`` catch up on what it missed."""
+    try:
+        manifest = parse_manifest(manifest_json, where=f"{job.final_dir / MANIFEST_NAME}")
+        payload = _payload(job, manifest, manifest_json)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        _after_commit_failed(job, stats, "building its catalog record", exc)
+        return
+    try:
+        job.on_phase("catalog")
+        _record_commit(job, stats, manifest, payload)
+    except Exception as exc:  # noqa: BLE001
+        _after_commit_failed(job, stats, "recording it in the catalog", exc)
+    if job.events is not None:
+        try:
+            job.on_phase("event")
+            _announce(job, stats, payload)
+        except Exception as exc:  # noqa: BLE001
+            _after_commit_failed(job, stats, "announcing it", exc)
+    log.info(
+        "checkpoint step %d committed on %d node(s): %d files, %.1f MB, stall %.3f s, total %.2f s",
+        job.step,
+        job.topology.node_count,
+        len(manifest.files),
+        manifest.total_bytes / 1e6,
+        stats.stage_s,
+        stats.total_s,
+    )
+
+
+def _after_commit_failed(job: SaveJob, stats: SaveStats, doing: str, exc: Exception) -> None:
+    error = f"{doing}: {type(exc).__name__}: {exc}"
+    stats.after_commit_errors.append(error)
+    log.error(
+        "checkpoint step %d is committed, but %s failed; training continues (%s)", job.step, doing, error
+    )
+
+
+def _payload(job: SaveJob, manifest: Manifest, manifest_json: bytes) -> dict[str, Any]:
     topology = job.topology
     nodes = [
         {
@@ -372,7 +413,7 @@ def _after_commit(job: SaveJob, stats: SaveStats, metadata: bytes, manifest_json
         }
         for k in range(topology.node_count)
     ]
-    payload = {
+    return {
         "run": job.run,
         "step": job.step,
         "hot_uri": str(job.final_dir),
@@ -381,47 +422,45 @@ def _after_commit(job: SaveJob, stats: SaveStats, metadata: bytes, manifest_json
         "manifest_checksum": checksum_bytes(manifest_json),
         "nodes": nodes,
     }
-    if job.catalog is not None:
-        job.catalog.call(
-            "record_committed",
-            job.run,
-            job.step,
-            job.save_id,
-            world_size=topology.world_size,
-            manifest_checksum=payload["manifest_checksum"],
-            bytes=manifest.total_bytes,
-            file_count=len(manifest.files),
-            metrics=job.metrics,
-            hot_uri=str(job.final_dir),
-            event_payload=payload,
-            files=manifest.files,
-        )
-        job.catalog.call(
-            "record_parts",
-            job.run,
-            job.step,
-            [(n["node"], n["host"], n["hot_uri"], n["bytes"]) for n in nodes],
-        )
-    if job.events is not None:
-        job.on_phase("event")
-        _announce(job, payload)
-    log.info(
-        "checkpoint step %d committed on %d node(s): %d files, %.1f MB, stall %.3f s, total %.2f s",
+
+
+def _record_commit(job: SaveJob, stats: SaveStats, manifest: Manifest, payload: dict[str, Any]) -> None:
+    if job.catalog is None:
+        return
+    failures = job.catalog.failures
+    job.catalog.call(
+        "record_committed",
+        job.run,
         job.step,
-        topology.node_count,
-        len(manifest.files),
-        manifest.total_bytes / 1e6,
-        stats.stage_s,
-        stats.total_s,
+        job.save_id,
+        world_size=job.topology.world_size,
+        manifest_checksum=payload["manifest_checksum"],
+        bytes=manifest.total_bytes,
+        file_count=len(manifest.files),
+        metrics=job.metrics,
+        hot_uri=str(job.final_dir),
+        event_payload=payload,
+        files=manifest.files,
     )
+    job.catalog.call(
+        "record_parts",
+        job.run,
+        job.step,
+        [(n["node"], n["host"], n["hot_uri"], n["bytes"]) for n in payload["nodes"]],
+    )
+    if job.catalog.failures > failures:  # the handle logged it already; count it with the save
+        stats.after_commit_errors.append(f"catalog: {job.catalog.last_error}")
 
 
-def _announce(job: SaveJob, payload: dict[str, Any]) -> None:
+def _announce(job: SaveJob, stats: SaveStats, payload: dict[str, Any]) -> None:
     """Emit the staged event; mark the outbox row delivered only when the server confirmed it."""
     event = build_event(
         STAGED_EVENT, job.run, job.step, job.save_id, payload, related=node_resources(payload["nodes"])
     )
-    if not job.events.post([event]) or job.catalog is None:
+    if not job.events.post([event]):
+        stats.after_commit_errors.append(f"event not delivered: {job.events.last_error}")
+        return
+    if job.catalog is None:
         return
     pending = job.catalog.call("undelivered_events", 1000) or []
     for row in pending:
