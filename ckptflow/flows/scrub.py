@@ -2,7 +2,8 @@
 
 POSIX replicas are re-hashed; S3 replicas are checked against the full-object CRC64NVME S3 stored
 and verified at upload. A replica that fails is marked CORRUPT, replaced from the hottest replica
-that verifies (hot, else warm, else cold), verified again and marked READY.
+that verifies (hot, else warm, else cold), verified again and marked READY. A replica whose manifest
+is not the one the catalog recorded at commit (``manifest_checksum``) fails too.
 
 The verifications run where ``ckptflow.yaml`` says (``prefect.task_runner``): threads of this process,
 or a Dask cluster (see ``ckptflow.flows.runners``); repairs and catalog writes stay in this process.
@@ -19,6 +20,7 @@ from ckptflow.catalog import Catalog, ReplicaState
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.runners import submit, task_runner_for
 from ckptflow.tasks.catalog_tasks import record_replica
+from ckptflow.tasks.manifest_check import check_against_catalog
 from ckptflow.tasks.replica_tasks import repair_replica, verify_replica
 from ckptflow.tasks.tiers import load
 
@@ -50,7 +52,7 @@ def scrub(config_path: str, tiers: list[str] | None = None, repair: bool = True)
             (cp, r, submit(runner, verify_replica, config_path, cp.run, cp.step, r.tier)) for cp, r in targets
         ]
         for cp, replica, future in checks:
-            report = future.result()
+            report = check_against_catalog(future.result(), config_path, cp, replica.tier)
             row = {"run": cp.run, "step": cp.step, "tier": replica.tier, "verdict": "ok", "detail": ""}
             if not report["ok"]:
                 reason = "; ".join(report["problems"][:5]) or "replica missing"

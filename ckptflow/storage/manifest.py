@@ -14,6 +14,13 @@ read-once verification need:
 - ``alternates``: items a node wrote a copy of although another node's copy is the one DCP's
   ``.metadata`` points to (replicated tensors are written once *per node*, so every node's part is
   enough to restore that node's ranks without reading another node's disk).
+
+The manifest checks itself: ``digest`` is the CRC64NVME of its canonical JSON without that field
+(keys sorted, no whitespace), so a changed digit in a metric, the step or the run makes it a
+:class:`ManifestError` wherever it is read (:func:`parse_manifest` checks it; manifests written
+before the field existed carry none and still parse). The canonical form, not the file's bytes, is
+hashed, so the check holds whatever whitespace the file has; the file's bytes have their own CRC,
+the ``manifest_checksum`` the catalog records.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from ckptflow.storage import checksums
 from ckptflow.storage.run_names import check_run_name
 
 MANIFEST_NAME = "manifest.json"
+DIGEST_FIELD = "digest"
 FORMAT_NAME = "ckptflow.manifest"
 FORMAT_VERSION = 2
 SUPPORTED_FORMAT_VERSIONS = frozenset({1, 2})
@@ -151,7 +159,15 @@ class Manifest:
                 }
                 for a in self.alternates
             ]
+        body[DIGEST_FIELD] = content_digest(body)
         return (json.dumps(body, indent=1, sort_keys=False, allow_nan=False) + "\n").encode()
+
+
+def content_digest(body: dict[str, Any]) -> str:
+    """CRC64NVME of ``body``'s canonical JSON (sorted keys, no whitespace, ASCII), ``digest`` left out."""
+    content = {k: v for k, v in body.items() if k != DIGEST_FIELD}
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return checksums.checksum_bytes(canonical.encode())
 
 
 def _file_json(entry: FileEntry, version: int) -> dict[str, Any]:
@@ -216,6 +232,7 @@ def _parse_cached(data: bytes, where: str) -> Manifest:
             f"{where}: manifest format_version {version} is not supported by this ckptflow "
             f"(supported: {sorted(SUPPORTED_FORMAT_VERSIONS)}); upgrade ckptflow to read it"
         )
+    _check_digest(body, where)  # after the version: a newer format may seal itself otherwise
     algorithm = _require(body, "checksum_algorithm", str, where)
     if algorithm != checksums.ALGORITHM:
         raise ManifestError(f"{where}: checksum_algorithm {algorithm!r} unsupported (expected crc64nvme)")
@@ -274,6 +291,24 @@ def _parse_cached(data: bytes, where: str) -> Manifest:
         nodes=nodes,
         alternates=alternates,
     )
+
+
+def _check_digest(body: dict[str, Any], where: str) -> None:
+    if DIGEST_FIELD not in body:
+        return  # written before manifests carried a digest: the file's CRC in the catalog still holds
+    recorded = body[DIGEST_FIELD]
+    if not isinstance(recorded, str) or not checksums.is_well_formed(recorded):
+        raise ManifestError(f"{where}: field {DIGEST_FIELD!r} must be a base64 CRC64NVME, got {recorded!r}")
+    try:
+        actual = content_digest(body)
+    except ValueError as exc:  # NaN or an overflowing number: not what to_json writes
+        raise ManifestError(f"{where}: content cannot be checked against its digest ({exc})") from None
+    if actual != recorded:
+        raise ManifestError(
+            f"{where}: the manifest was changed after it was written: its content has digest {actual}, "
+            f"its {DIGEST_FIELD!r} field says {recorded}; it cannot be trusted (restore it from another "
+            "tier, or quarantine the checkpoint)"
+        )
 
 
 def _optional_int(raw: dict[str, Any], key: str, where: str) -> int:

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from ckptflow.cli import app
 from ckptflow.storage import layout
-from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
+from ckptflow.storage.manifest import MANIFEST_NAME, content_digest, read_manifest
 from ckptflow.training_hooks import Checkpointer, ModelState
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -138,6 +138,7 @@ def _point_entry_at(saved: Saved, step: int, target: str, target_path: Path) -> 
     for entry in body["files"]:
         if entry["path"] == shard.name:
             entry["path"] = target
+    body["digest"] = content_digest(body)  # sealed again: only the path check is left to catch it
     manifest_path.write_text(json.dumps(body, indent=1))
 
 

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 
 from ckptflow.storage import checksums
-from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
+from ckptflow.storage.manifest import MANIFEST_NAME, content_digest, read_manifest
 from ckptflow.training_hooks import Checkpointer, DataPosition, ModelState
 from ckptflow.training_hooks.dcp_io import (
     METADATA_NAME,
@@ -82,6 +82,7 @@ def _replace_metadata(directory: Path, data: bytes) -> None:
         if entry["path"] == METADATA_NAME:
             entry["size"] = len(data)
             entry["checksum"] = checksums.checksum_bytes(data)
+    body["digest"] = content_digest(body)
     (directory / MANIFEST_NAME).write_text(json.dumps(body))
 
 

@@ -17,6 +17,7 @@ from ckptflow.storage.manifest import (
     ManifestError,
     NodePart,
     UnsupportedManifestError,
+    content_digest,
     finite_metrics,
     manifest_checksum,
     parse_manifest,
@@ -48,7 +49,10 @@ def _manifest(**overrides) -> Manifest:
 
 
 def _body(**overrides) -> dict:
+    """A manifest's JSON without its digest (the field checks below change it; the digest has its
+    own tests)."""
     body = json.loads(_manifest().to_json())
+    del body["digest"]
     body.update(overrides)
     return body
 
@@ -296,6 +300,56 @@ def test_format_1_manifests_still_parse():
 def test_format_2_fields_are_validated(mutate, match):
     body = json.loads(_two_node_manifest().to_json())
     mutate(body)
+    body["digest"] = content_digest(body)  # sealed again: the field itself must be refused
     with pytest.raises(ManifestError, match=match) as info:
         _parse(body)
     assert "/ckpt/step-40/manifest.json" in str(info.value)
+
+
+# --- the manifest's own digest -------------------------------------------------------------------
+
+
+def test_to_json_writes_a_digest_of_the_content():
+    body = json.loads(_manifest().to_json())
+    assert checksums.is_well_formed(body["digest"])
+    assert body["digest"] == content_digest(body)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b'"loss": 0.25', b'"loss": 0.35'),  # one digit of a metric
+        (b'"step": 40', b'"step": 41'),
+        (b'"run": "demo"', b'"run": "dema"'),
+        (b'"size": 9', b'"size": 8'),
+        (b'"world_size": 2', b'"world_size": 1'),
+    ],
+)
+def test_a_changed_digit_is_refused(old, new):
+    data = _manifest().to_json()
+    assert old in data
+    with pytest.raises(ManifestError, match="changed after it was written") as info:
+        parse_manifest(data.replace(old, new), where="/ckpt/step-40/manifest.json")
+    assert "/ckpt/step-40/manifest.json" in str(info.value)
+
+
+def test_the_digest_covers_content_not_whitespace():
+    original = _manifest()
+    compact = json.dumps(json.loads(original.to_json()), separators=(",", ":")).encode()
+    assert parse_manifest(compact) == original
+
+
+@pytest.mark.parametrize("digest", ["", "zz", 7, None])
+def test_a_malformed_digest_is_refused(digest):
+    with pytest.raises(ManifestError, match="'digest'"):
+        _parse({**json.loads(_manifest().to_json()), "digest": digest})
+
+
+def test_manifests_without_a_digest_still_parse():
+    # Written by ckptflow before the field existed (format 2), and format 1.
+    body = json.loads(_manifest().to_json())
+    del body["digest"]
+    assert _parse(body) == _manifest()
+    old = json.loads(_manifest(format_version=1).to_json())
+    del old["digest"]
+    assert _parse(old).format_version == 1
