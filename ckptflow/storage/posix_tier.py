@@ -206,8 +206,13 @@ class PosixTier:
                 ]:
                     leftover.unlink()
                 fsync_path(incoming)
+                # A step-N without a manifest (a delete killed midway) is no checkpoint: out of the
+                # way. One with a manifest is left alone: _committed_same said it is not ours.
+                layout.make_room(final)
                 if not publish_dir(incoming, final):
-                    shutil.rmtree(incoming, ignore_errors=True)
+                    raise TierError(
+                        f"{self.name}: cannot commit step {manifest.step}: {final} appeared while committing"
+                    )
                 # Whoever waits on this lock finds the step committed; a newcomer never needs it.
                 lock.unlink(missing_ok=True)
             except OSError as exc:
@@ -333,17 +338,13 @@ class PosixTier:
         )
 
     def delete(self, run: str, step: int) -> None:
+        """Remove ``step-N`` in one rename (to ``step-N.deleting-<id>``, which :meth:`cleanup_stale`
+        finishes if the removal is interrupted), then its files: from the rename on, no reader sees
+        the step, and a crash never leaves a ``step-N`` without its manifest."""
         directory = self.path(run, step)
         if not directory.exists():
             return
-        self._inside_root(directory, "delete")
-        # Manifest first: from this instant no reader sees a checkpoint here.
-        (directory / MANIFEST_NAME).unlink(missing_ok=True)
-        fsync_path(directory)
-        doomed = directory.with_name(f"{directory.name}.deleting-{secrets.token_hex(4)}")
-        os.rename(directory, doomed)
-        fsync_path(directory.parent)
-        shutil.rmtree(doomed)
+        layout.remove_dir(self._inside_root(directory, "delete"))
 
     # --- retention: soft delete (recoverable), purge, restore ---
 

@@ -128,7 +128,9 @@ class Tier(Protocol):
         ...
 
     def delete(self, run: str, step: int) -> None:
-        """Remove (run, step) from this tier: the manifest first, so readers stop seeing it."""
+        """Remove (run, step) from this tier so that readers stop seeing it in one step (POSIX: the
+        directory renamed aside, then removed; S3: the manifest object first), and a crash never
+        leaves anything a later commit of the step must give way to."""
         ...
 
     def cleanup_stale(self, older_than_s: float) -> list[str]:

@@ -170,11 +170,7 @@ def _drop_leftovers(partial_dir: Path) -> None:
 def _make_room(final_dir: Path) -> None:
     """A ``step-N/`` without a manifest (an undecided part of an earlier attempt, or what a killed
     delete left) is not a checkpoint: move it aside so this attempt can be published."""
-    if final_dir.exists() and not (final_dir / MANIFEST_NAME).is_file():
-        doomed = final_dir.with_name(f"{final_dir.name}.deleting-{secrets.token_hex(4)}")
-        os.rename(final_dir, doomed)
-        fsync_path(final_dir.parent)
-        shutil.rmtree(doomed, ignore_errors=True)
+    layout.make_room(final_dir)
 
 
 def commit(

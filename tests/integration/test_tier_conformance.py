@@ -78,6 +78,7 @@ class Backend:
     remove: Callable[[str, int, str], None]  # the tier's copy of one file disappears
     leftovers: Callable[[], list[str]]  # interrupted uploads / partial directories
     fingerprint: Callable[[str, int], dict[str, object]]  # what is stored, to prove nothing changed
+    drop_manifest: Callable[[str, int], None]  # the step's files stay, its manifest goes (a killed delete)
 
 
 def posix_backend(root: Path) -> Backend:
@@ -100,7 +101,10 @@ def posix_backend(root: Path) -> Backend:
             for p in base.rglob("*")
         }
 
-    return Backend(tier, damage, remove, leftovers, fingerprint)
+    def drop_manifest(run: str, step: int) -> None:
+        (tier.path(run, step) / MANIFEST_NAME).unlink()
+
+    return Backend(tier, damage, remove, leftovers, fingerprint, drop_manifest)
 
 
 def s3_backend(tier: S3Tier) -> Backend:
@@ -126,7 +130,10 @@ def s3_backend(tier: S3Tier) -> Backend:
         listed = client.list_objects_v2(Bucket=tier.bucket, Prefix=key(run, step, ""))
         return {o["Key"]: (o["ETag"], o["LastModified"], o["Size"]) for o in listed.get("Contents") or []}
 
-    return Backend(tier, damage, remove, leftovers, fingerprint)
+    def drop_manifest(run: str, step: int) -> None:
+        client.delete_object(Bucket=tier.bucket, Key=key(run, step, MANIFEST_NAME))
+
+    return Backend(tier, damage, remove, leftovers, fingerprint, drop_manifest)
 
 
 @pytest.fixture(params=["posix", "s3"])
@@ -413,6 +420,25 @@ def test_delete_removes_the_step_and_is_idempotent(tier: Tier, tmp_path: Path) -
     assert tier.list_steps(RUN) == [3] and tier.verify(RUN, 3).ok
     tier.put(doomed_dir, doomed)  # the step can be written again afterwards
     assert tier.list_steps(RUN) == [STEP, 3] and tier.verify(RUN, STEP).ok
+
+
+def test_a_step_left_without_its_manifest_gives_way_to_a_new_commit(backend: Backend, tmp_path: Path) -> None:
+    # What a delete killed between removing the manifest and the rest leaves: the step's files, no
+    # manifest. It is no checkpoint, so a new commit of the step must replace it, not give up.
+    tier = backend.tier
+    old_dir, old = make_checkpoint(tmp_path / "old", STEP)
+    tier.put(old_dir, old)
+    backend.drop_manifest(RUN, STEP)
+    assert tier.list_steps(RUN) == [] and tier.read_manifest(RUN, STEP) is None
+    new_dir, new = make_checkpoint(tmp_path / "new", STEP)  # other bytes, another save id
+    result = tier.put(new_dir, new)
+    assert not result.already_committed
+    assert tier.list_steps(RUN) == [STEP]
+    assert tier.read_manifest(RUN, STEP) == new
+    assert tier.verify(RUN, STEP).ok
+    fetched = tmp_path / "fetched" / f"step-{STEP}"
+    tier.fetch(RUN, STEP, fetched)
+    assert local_files(fetched) == local_files(new_dir)
 
 
 class Interrupted(Exception):

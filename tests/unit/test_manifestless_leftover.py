@@ -1,0 +1,74 @@
+"""A ``step-N/`` without a manifest (what a delete killed midway leaves) is no checkpoint: a new save
+of that step commits in its place, and a directory that has a manifest is never touched.
+
+The leftover is seeded as a killed delete leaves it: the step's real files (from an earlier save of
+the same step), its manifest gone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ckptflow.storage import layout
+from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
+from ckptflow.storage.verify import verify_checkpoint
+from ckptflow.training_hooks import Checkpointer, ModelState
+
+RUN = "leftover"
+
+
+def _state(seed: int) -> dict:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(16, 8)
+    return {"app": ModelState(model, torch.optim.SGD(model.parameters(), lr=0.1))}
+
+
+def _leftover(root: Path, step: int) -> Path:
+    """Save ``step``, then remove its manifest, as a delete killed after that first change would."""
+    with Checkpointer(RUN, root) as ckpt:
+        assert ckpt.save(step, _state(0))
+    directory = root / layout.committed_name(step)
+    (directory / MANIFEST_NAME).unlink()
+    return directory
+
+
+def _saved_again(root: Path, step: int, restore_first: bool) -> Checkpointer:
+    state = _state(1)
+    with Checkpointer(RUN, root) as ckpt:
+        if restore_first:
+            assert ckpt.restore(state) == 0  # the leftover is no checkpoint to restore
+        assert ckpt.save(step, state)
+    return ckpt
+
+
+def test_a_save_of_the_step_commits_over_the_leftover(tmp_path: Path) -> None:
+    directory = _leftover(tmp_path / "hot", 7)
+    ckpt = _saved_again(tmp_path / "hot", 7, restore_first=False)
+    assert ckpt.stats.last is not None and ckpt.stats.last.outcome == "committed"
+    assert (ckpt.stats.committed, ckpt.stats.skipped_existing) == (1, 0)
+    assert verify_checkpoint(directory).ok
+    assert read_manifest(directory).save_id == ckpt.stats.last.save_id
+    assert [e.name for e in (tmp_path / "hot").iterdir() if e.name.startswith("step-")] == ["step-7"]
+
+
+def test_after_a_restore_too(tmp_path: Path) -> None:
+    directory = _leftover(tmp_path / "hot", 7)
+    ckpt = _saved_again(tmp_path / "hot", 7, restore_first=True)
+    assert ckpt.stats.last is not None and ckpt.stats.last.outcome == "committed"
+    assert verify_checkpoint(directory).ok
+
+
+def test_make_room_never_touches_a_checkpoint(tmp_path: Path) -> None:
+    root = tmp_path / "hot"
+    with Checkpointer(RUN, root) as ckpt:
+        assert ckpt.save(3, _state(0))
+    committed = root / "step-3"
+    before = sorted(p.name for p in committed.iterdir())
+    assert layout.make_room(committed) is False
+    assert sorted(p.name for p in committed.iterdir()) == before and verify_checkpoint(committed).ok
+    assert layout.make_room(root / "step-4") is False  # nothing there
+    (committed / MANIFEST_NAME).unlink()
+    assert layout.make_room(committed) is True and not committed.exists()
+    assert not [p for p in root.iterdir() if ".deleting-" in p.name]
