@@ -212,6 +212,32 @@ class Catalog:
                     **{"from": from_state, "to": cp.state},
                 )
 
+    def record_unfinished(self, run: str, step: int, save_id: str, reason: str) -> bool:
+        """A save attempt whose unfinished files were removed (its writer is dead): its row, if it is
+        still ``writing``, becomes ``abandoned``. Creates nothing and changes no other state (a
+        partial directory of a fetch or a promotion has no row). True if the row changed."""
+        now = utcnow()
+        with self.write_session() as session:
+            stmt = select(Checkpoint).where(
+                Checkpoint.run == run, Checkpoint.step == step, Checkpoint.save_id == save_id
+            )
+            cp = session.exec(locked(stmt)).first()
+            if cp is None or cp.state != CheckpointState.WRITING:
+                return False
+            transition_checkpoint(cp, CheckpointState.ABANDONED, now=now, reason=reason)
+            log_event(
+                session,
+                "checkpoint.abandoned",
+                run,
+                step,
+                now,
+                checkpoint_id=cp.id,
+                save_id=save_id,
+                reason=reason,
+                **{"from": CheckpointState.WRITING, "to": cp.state},
+            )
+            return True
+
     def record_verified(self, run: str, step: int, hot_uri: str | None = None) -> None:
         """Record that the step's committed checkpoint passed verification against its manifest.
 

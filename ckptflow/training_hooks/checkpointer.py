@@ -31,12 +31,13 @@ from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from ckptflow.policy.config import load_config
 from ckptflow.storage import layout
 from ckptflow.storage.from_config import build_tiers
-from ckptflow.storage.manifest import MANIFEST_NAME, finite_metrics
+from ckptflow.storage.manifest import MANIFEST_NAME, finite_metrics, parse_manifest
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.tier import Tier
 from ckptflow.training_hooks import nodes, ranks
 from ckptflow.training_hooks.cadence import Cadence, CadenceMode
 from ckptflow.training_hooks.catalog_client import CatalogHandle
+from ckptflow.training_hooks.commit_record import committed_record, save_time_hosts
 from ckptflow.training_hooks.coord_store import CoordinationStore, open_store
 from ckptflow.training_hooks.events import EventPoster
 from ckptflow.training_hooks.loaders import check_loaders
@@ -284,6 +285,7 @@ class Checkpointer:
             stale_partial_age_s=self.options.stale_partial_age_s,
             on_phase=self._on_phase,
             record_corrupt=self._record_corrupt if self._catalog is not None else None,
+            record_unfinished=self._record_unfinished if self._catalog is not None else None,
             read_hook=self.read_hook,
         )
         untouched = _fresh_optimizers(state)
@@ -298,6 +300,7 @@ class Checkpointer:
         step = report.step
         if report.path is not None and self._catalog is not None:
             fetched = report.fetched_files > 0
+            self._record_restored_commit(report)
             self._catalog.call("record_verified", self.run, step, str(report.path) if fetched else None)
         self.stats.restore = report
         self.cadence.record_save(step)
@@ -307,6 +310,20 @@ class Checkpointer:
     def _record_corrupt(self, step: int, reason: str, uri: str | None) -> None:
         if self._catalog is not None:
             self._catalog.call("record_corrupt", self.run, step, reason, uri)
+
+    def _record_unfinished(self, step: int, save_id: str, reason: str) -> None:
+        if self._catalog is not None:
+            self._catalog.call("record_unfinished", self.run, step, save_id, reason)
+
+    def _record_restored_commit(self, report: RestoreReport) -> None:
+        """The restored step is committed (its manifest just verified): the catalog records the
+        commit, as the save would have, if the process that saved it died before it could (a
+        no-op for a row already committed or verified)."""
+        assert self._catalog is not None and report.manifest is not None and report.path is not None
+        manifest = parse_manifest(report.manifest, where=str(report.path / MANIFEST_NAME))
+        hosts = save_time_hosts(manifest, self.topology.host)
+        record = committed_record(manifest, report.manifest, str(report.path), hosts)
+        self._catalog.call("record_committed", self.run, manifest.step, manifest.save_id, **record)
 
     # --- save -----------------------------------------------------------------------------------
 

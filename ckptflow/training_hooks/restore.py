@@ -92,6 +92,7 @@ class RestoreReport:
     verify_s: float = 0.0  # of load_s: computing and comparing checksums
     bytes_read: int = 0  # bytes this rank read (and verified) to load
     reserved_bytes: int = 0  # staging buffers allocated (the load's shadow, then the saves' buffers)
+    manifest: bytes | None = field(default=None, repr=False)  # the restored step's, as verified
 
     @property
     def bytes_verified(self) -> int:
@@ -135,6 +136,8 @@ class RestoreContext:
     stale_partial_age_s: float
     on_phase: Callable[[str], None]
     record_corrupt: Callable[[int, str, str | None], None] | None = None  # rank 0: the catalog
+    # rank 0: (step, save id, reason) of each save attempt whose unfinished files were removed
+    record_unfinished: Callable[[int, str, str], None] | None = None
     read_hook: ReadHook | None = None
 
 
@@ -157,8 +160,9 @@ def restore(ctx: RestoreContext, state: dict[str, Any]) -> RestoreReport:
     ctx.on_phase("restore:inventory")
     mine = scan_node(ctx.root, topo.node) if topo.is_leader else None
     listed = _list_tiers(ctx) if topo.is_coordinator else None
-    gathered = ranks.all_gather(mine)
-    inventories = [inv for inv in gathered if inv is not None]
+    gathered = ranks.all_gather((mine, [Path(p).name for p in report.removed_partials]))
+    inventories = [inv for inv, _ in gathered if inv is not None]
+    removed_everywhere = [(rank, name) for rank, (_, names) in enumerate(gathered) for name in names]
     tier_steps: dict[str, list[int]] = ranks.broadcast(listed)
     exhausted: set[int] = set()
     tries: Counter[int] = Counter()
@@ -182,7 +186,36 @@ def restore(ctx: RestoreContext, state: dict[str, Any]) -> RestoreReport:
         for step in undecided_parts(inventories, tier_steps, topo.node):
             if step != report.step:
                 _discard_undecided(ctx.root, step)
+    if topo.is_coordinator and ctx.record_unfinished is not None:
+        _record_unfinished(ctx, removed_everywhere, inventories, tier_steps, report.step)
     return report
+
+
+def _record_unfinished(
+    ctx: RestoreContext,
+    removed: list[tuple[int, str]],
+    inventories: list[NodeInventory],
+    tier_steps: dict[str, list[int]],
+    restored: int,
+) -> None:
+    """Rank 0: the attempts whose files a node just removed unfinished (a stale partial directory,
+    a part never decided) are over: the catalog must not keep them ``writing`` for good."""
+    assert ctx.record_unfinished is not None
+    attempts: dict[tuple[int, str], str] = {}
+    for rank, name in removed:
+        parsed = layout.parse_partial(name)
+        if parsed is not None:
+            where = ctx.topology.describe_node(ctx.topology.node_of(rank))
+            attempts.setdefault(parsed, f"unfinished: its partial directory {name} on {where} was removed")
+    for inv in inventories:
+        for step in undecided_parts(inventories, tier_steps, inv.node):
+            save_id = inv.steps[step].part_save_id
+            if step != restored and save_id:
+                attempts.setdefault(
+                    (step, save_id), f"undecided: node {inv.node}'s part was removed at restore"
+                )
+    for (step, save_id), reason in sorted(attempts.items()):
+        ctx.record_unfinished(step, save_id, reason)
 
 
 def _list_tiers(ctx: RestoreContext) -> dict[str, list[int]]:
@@ -291,7 +324,7 @@ def _try_step(
         _quarantine_nodes(ctx, step, corrupt, inventories)
         return _Attempt(reason="; ".join(f"node {n}: {why}" for n, why in sorted(corrupt.items())))
     _apply(state, live, shadow)
-    report.step, report.path = step, directory
+    report.step, report.path, report.manifest = step, directory, manifest_bytes
     return _Attempt(loaded=True)
 
 

@@ -27,10 +27,10 @@ from torch.distributed.checkpoint.planner import SavePlan
 
 import ckptflow
 from ckptflow.storage import layout
-from ckptflow.storage.checksums import checksum_bytes
 from ckptflow.storage.manifest import MANIFEST_NAME, Manifest, parse_manifest
 from ckptflow.training_hooks import finalize
 from ckptflow.training_hooks.commit_protocol import ABANDONED, COMMITTED, CommitRound, Decision
+from ckptflow.training_hooks.commit_record import committed_record
 from ckptflow.training_hooks.coord_store import CoordinationStore, StoreUnavailable
 from ckptflow.training_hooks.dcp_io import make_writer
 from ckptflow.training_hooks.events import STAGED_EVENT, build_event, node_resources
@@ -297,6 +297,9 @@ def _commit_single_node(job: SaveJob, reports: dict[int, finalize.RankReport], s
     if not finalize.commit(job.partial_dir, job.final_dir, metadata, manifest, job.on_phase):
         stats.outcome = "duplicate"
         log.warning("step %d was already committed by another save; this copy was discarded", job.step)
+        if job.catalog is not None:  # this attempt's row must not stay "writing" for good
+            reason = f"duplicate: step {job.step} was already committed by another save"
+            job.catalog.call("record_abandoned", job.run, job.step, job.save_id, reason)
         return
     stats.outcome = COMMITTED
     stats.total_s = time.monotonic() - job.started
@@ -367,19 +370,19 @@ def _after_commit(job: SaveJob, stats: SaveStats, metadata: bytes, manifest_json
     ``stats.after_commit_errors``; ``reconcile`` and ``catalog sync`` catch up on what it missed."""
     try:
         manifest = parse_manifest(manifest_json, where=f"{job.final_dir / MANIFEST_NAME}")
-        payload = _payload(job, manifest, manifest_json)
+        record = committed_record(manifest, manifest_json, str(job.final_dir), job.topology.hosts)
     except Exception as exc:  # noqa: BLE001 - see the docstring
         _after_commit_failed(job, stats, "building its catalog record", exc)
         return
     try:
         job.on_phase("catalog")
-        _record_commit(job, stats, manifest, payload)
+        _record_commit(job, stats, record)
     except Exception as exc:  # noqa: BLE001
         _after_commit_failed(job, stats, "recording it in the catalog", exc)
     if job.events is not None:
         try:
             job.on_phase("event")
-            _announce(job, stats, payload)
+            _announce(job, stats, record["event_payload"])
         except Exception as exc:  # noqa: BLE001
             _after_commit_failed(job, stats, "announcing it", exc)
     log.info(
@@ -401,52 +404,16 @@ def _after_commit_failed(job: SaveJob, stats: SaveStats, doing: str, exc: Except
     )
 
 
-def _payload(job: SaveJob, manifest: Manifest, manifest_json: bytes) -> dict[str, Any]:
-    topology = job.topology
-    nodes = [
-        {
-            "node": k,
-            "host": topology.hosts[k],
-            "hot_uri": str(job.final_dir),
-            "files": [f.path for f in manifest.part_files(k)],
-            "bytes": manifest.part_bytes(k),
-        }
-        for k in range(topology.node_count)
-    ]
-    return {
-        "run": job.run,
-        "step": job.step,
-        "hot_uri": str(job.final_dir),
-        "bytes": manifest.total_bytes,
-        "file_count": len(manifest.files),
-        "manifest_checksum": checksum_bytes(manifest_json),
-        "nodes": nodes,
-    }
-
-
-def _record_commit(job: SaveJob, stats: SaveStats, manifest: Manifest, payload: dict[str, Any]) -> None:
+def _record_commit(job: SaveJob, stats: SaveStats, record: dict[str, Any]) -> None:
     if job.catalog is None:
         return
     failures = job.catalog.failures
-    job.catalog.call(
-        "record_committed",
-        job.run,
-        job.step,
-        job.save_id,
-        world_size=job.topology.world_size,
-        manifest_checksum=payload["manifest_checksum"],
-        bytes=manifest.total_bytes,
-        file_count=len(manifest.files),
-        metrics=job.metrics,
-        hot_uri=str(job.final_dir),
-        event_payload=payload,
-        files=manifest.files,
-    )
+    job.catalog.call("record_committed", job.run, job.step, job.save_id, **record)
     job.catalog.call(
         "record_parts",
         job.run,
         job.step,
-        [(n["node"], n["host"], n["hot_uri"], n["bytes"]) for n in payload["nodes"]],
+        [(n["node"], n["host"], n["hot_uri"], n["bytes"]) for n in record["event_payload"]["nodes"]],
     )
     if job.catalog.failures > failures:  # the handle logged it already; count it with the save
         stats.after_commit_errors.append(f"catalog: {job.catalog.last_error}")

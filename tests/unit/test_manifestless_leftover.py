@@ -72,3 +72,28 @@ def test_make_room_never_touches_a_checkpoint(tmp_path: Path) -> None:
     (committed / MANIFEST_NAME).unlink()
     assert layout.make_room(committed) is True and not committed.exists()
     assert not [p for p in root.iterdir() if ".deleting-" in p.name]
+
+
+def test_a_save_that_loses_the_race_to_another_commit_is_abandoned_in_the_catalog(tmp_path: Path) -> None:
+    # Another committer publishes step-4 between this save's last check and its rename: this copy is
+    # discarded as a duplicate, and its catalog row must not stay "writing" for good.
+    from ckptflow.catalog import Catalog, CheckpointState
+
+    root, url = tmp_path / "hot", f"sqlite:///{tmp_path / 'catalog.db'}"
+
+    def commit_first(phase: str) -> None:
+        if phase == "rename":
+            (root / "step-4").mkdir()
+            (root / "step-4" / MANIFEST_NAME).write_text("{}")  # a checkpoint: never touched
+
+    with Checkpointer(RUN, root, catalog=url, on_phase=commit_first) as ckpt:
+        assert ckpt.save(4, _state(0))
+        stats = ckpt.wait()
+    assert stats is not None and stats.outcome == "duplicate"
+    assert (root / "step-4" / MANIFEST_NAME).read_text() == "{}"
+    catalog = Catalog.open(url)
+    try:
+        (cp,) = catalog.checkpoints(RUN)
+    finally:
+        catalog.dispose()
+    assert cp.state == CheckpointState.ABANDONED and "duplicate" in (cp.reason or "")
