@@ -5,14 +5,16 @@ DCP writes each data file through ``FileSystem.create_stream``; wrapping that st
 as they pass, with ``tell()`` and ``fileno()`` intact for DCP's offsets and fsync.
 
 DCP's own reader unpickles ``.metadata`` and loads non-tensor values with ``weights_only=False``.
-Here ``.metadata`` is unpickled by an allow-list unpickler (only DCP's metadata dataclasses and torch
-dtypes/sizes), and every value is loaded with ``weights_only=True``: a checkpoint cannot run code.
+Here ``.metadata`` is unpickled by an allow-list unpickler (only DCP's metadata dataclasses, torch
+dtypes/sizes, and the ``pathlib.PosixPath`` stock DCP stores as ``StorageMeta.checkpoint_id``), and
+every value is loaded with ``weights_only=True``: a checkpoint cannot run code.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import pathlib
 import pickle
 import threading
 from collections import OrderedDict
@@ -61,11 +63,33 @@ class ChecksummingFileSystem(FileSystem):
 
     def __init__(self, root: Path, write_hook: Any = None) -> None:
         super().__init__()
-        self._root = root
+        self._root = Path(root)
         self._lock = threading.Lock()
         self._written: dict[str, WrittenFile] = {}
         self._streams: dict[str, ChecksummingWriter] = {}
         self._write_hook = write_hook
+
+    def init_path(self, path: str | os.PathLike[str]) -> str | os.PathLike[str]:
+        # DCP re-points a writer (dcp.save(checkpoint_id=...) -> writer.reset) through this: files
+        # are then named relative to the new directory, and nothing recorded for the old one stays.
+        with self._lock:
+            self._root = Path(path)
+            self._written.clear()
+            self._streams.clear()
+        return super().init_path(path)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # DCP pickles the storage writer for a background process (async_save, process mode): the
+        # lock and the open checksum streams stay behind; the files written there are checksummed
+        # by that process's copy.
+        state = dict(self.__dict__)
+        del state["_lock"], state["_streams"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._streams = {}
 
     @property
     def written(self) -> list[WrittenFile]:
@@ -140,6 +164,11 @@ _ALLOWED_GLOBALS[("torch", "Size")] = torch.Size
 # layout object and nothing else), so it is safe to allow.
 _ALLOWED_GLOBALS[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
 _ALLOWED_GLOBALS[("collections", "OrderedDict")] = OrderedDict
+# Stock DCP's FileSystemWriter stores StorageMeta.checkpoint_id as the Path it wrote to. A PosixPath
+# is built from its parts (strings) and runs nothing; Python 3.11 pickles it as pathlib.PosixPath,
+# 3.13 as pathlib._local.PosixPath.
+_ALLOWED_GLOBALS[("pathlib", "PosixPath")] = pathlib.PosixPath
+_ALLOWED_GLOBALS[("pathlib._local", "PosixPath")] = pathlib.PosixPath
 _TORCH_ENUM_TYPES = (torch.dtype, torch.layout, torch.memory_format)
 
 
@@ -170,10 +199,13 @@ def load_metadata_safely(data: bytes) -> Metadata:
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """DCP reader whose metadata is unpickled through an allow-list."""
+    """DCP reader whose metadata is unpickled through an allow-list.
+
+    ``read_metadata(rank=r)`` reads ``__<r>.metadata``, what a ``use_collectives=False`` save wrote
+    for rank ``r`` (``dcp.load`` asks for it when there is no ``.metadata``)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = Path(self.path) / METADATA_NAME
+        path = Path(self._get_metadata_path(kwargs.get("rank")))
         metadata = load_metadata_safely(path.read_bytes())
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()

@@ -27,6 +27,7 @@ from ckptflow.training_hooks.dcp_io import (
     SafeLoadPlanner,
     UnsafeCheckpointError,
     load_metadata_safely,
+    make_writer,
 )
 
 # DCP warns that it loads in a single process when no process group exists; that is the intent here.
@@ -116,19 +117,69 @@ def test_safe_planner_loads_plain_values(tmp_path):
         {"w": torch.arange(6.0).reshape(2, 3), "n": 3, "s": "hi", "l": [1, 2.5]},
         storage_writer=FileSystemWriter(directory),
     )
-    _strip_checkpoint_id(directory)
     target = {"w": torch.zeros(2, 3), "n": 0, "s": "", "l": None}
     dcp.load(target, storage_reader=SafeFileSystemReader(directory), planner=SafeLoadPlanner())
     assert torch.equal(target["w"], torch.arange(6.0).reshape(2, 3))
     assert (target["n"], target["s"], target["l"]) == (3, "hi", [1, 2.5])
 
 
-def _strip_checkpoint_id(directory: Path) -> None:
-    # Stock DCP records checkpoint_id as a pathlib.Path, which the allow-list refuses (ckptflow's
-    # own commit writes None there). Our own, trusted file: rewrite it with plain pickle.
-    metadata = pickle.loads((directory / METADATA_NAME).read_bytes())
-    metadata.storage_meta.checkpoint_id = None
-    (directory / METADATA_NAME).write_bytes(pickle.dumps(metadata))
+def test_stock_dcp_metadata_with_its_checkpoint_path_is_accepted(tmp_path):
+    # Stock DCP stores StorageMeta.checkpoint_id as the pathlib.PosixPath it wrote to: every
+    # checkpoint it writes carries one, so refusing it refused them all.
+    directory = tmp_path / "stock"
+    dcp.save({"w": torch.ones(3)}, checkpoint_id=directory)
+    metadata = load_metadata_safely((directory / METADATA_NAME).read_bytes())
+    assert metadata.storage_meta is not None and metadata.storage_meta.checkpoint_id == directory
+    assert type(metadata.storage_meta.checkpoint_id) is pathlib.PosixPath
+
+
+def test_posix_path_is_allowed_under_the_module_names_pythons_pickle_it_with():
+    # Python 3.11 and 3.12 pickle it as pathlib.PosixPath, 3.13 as pathlib._local.PosixPath.
+    for module in ("pathlib", "pathlib._local"):
+        data = (
+            f"c{module}\nPosixPath\n(V/ckpt\nVstep-3\ntR.".encode()
+        )  # protocol 0: PosixPath('/ckpt', 'step-3')
+        with pytest.raises(UnsafeCheckpointError, match="holds a PosixPath, expected Metadata"):
+            load_metadata_safely(data)  # unpickled (a path is no code), then refused as not Metadata
+
+
+def test_a_rank_local_metadata_file_loads(tmp_path):
+    # use_collectives=False: every rank writes __<rank>.metadata and no .metadata; dcp.load then
+    # asks the reader for read_metadata(rank=...), which must read that rank's file.
+    directory = tmp_path / "local"
+    dcp.save({"w": torch.arange(4.0), "n": 5}, checkpoint_id=directory, use_collectives=False)
+    assert sorted(p.name for p in directory.iterdir()) == ["__0.metadata", "__0_0.distcp"]
+    reader = SafeFileSystemReader(directory)
+    assert isinstance(reader.read_metadata(rank=0), Metadata)
+    with pytest.raises(FileNotFoundError):
+        reader.read_metadata()  # no global .metadata
+    target = {"w": torch.zeros(4), "n": 0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(target, storage_reader=SafeFileSystemReader(directory), planner=SafeLoadPlanner())
+    assert torch.equal(target["w"], torch.arange(4.0)) and target["n"] == 5
+
+
+def test_the_checksumming_writer_can_be_repointed_and_pickled(tmp_path):
+    writer, fs = make_writer(tmp_path / "first")
+    state = {"w": torch.arange(6.0), "n": 1}
+    # dcp.save(checkpoint_id=...) re-points the writer (writer.reset): files are named relative to
+    # the new directory (it raised ValueError: not relative to the first one).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=tmp_path / "second", storage_writer=writer)
+    written = {f.path: f for f in fs.written}
+    data = (tmp_path / "second" / "__0_0.distcp").read_bytes()
+    assert written["__0_0.distcp"].checksum == checksums.checksum_bytes(data)
+    # Pickled, as DCP does to hand a writer to a background process (it raised on the lock).
+    copy = pickle.loads(pickle.dumps(writer))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=tmp_path / "third", storage_writer=copy)
+    again = {f.path: f for f in copy.fs.written}
+    assert again["__0_0.distcp"].checksum == checksums.checksum_bytes(
+        (tmp_path / "third" / "__0_0.distcp").read_bytes()
+    )
 
 
 # --- refusing anything else ---------------------------------------------------------------------
@@ -143,7 +194,8 @@ def _strip_checkpoint_id(directory: Path) -> None:
         (Call(getattr, Call(__import__, "os"), "system"), "builtins.getattr"),
         (Call(subprocess.Popen, ["true"]), "subprocess.Popen"),
         (Call(torch.load, "/dev/null"), "torch.serialization.load"),
-        (Call(pathlib.PosixPath, "/etc"), "pathlib.PosixPath"),
+        (Call(pathlib.Path, "/etc"), "pathlib.Path"),  # only PosixPath itself is allowed
+        (Call(pathlib.PurePosixPath, "/etc"), "pathlib.PurePosixPath"),
         (collections.Counter("abc"), "collections.Counter"),
         (Opaque(), "Opaque"),
     ],
@@ -207,7 +259,6 @@ def test_non_tensor_values_load_weights_only(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save({"obj": _touch_payload(sentinel)}, storage_writer=FileSystemWriter(directory))
-    _strip_checkpoint_id(directory)
     assert not sentinel.exists()
     target = {"obj": None}
     # DCP wraps the failure in CheckpointException, which derives from BaseException.
