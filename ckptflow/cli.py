@@ -19,6 +19,7 @@ from ckptflow.cli_drill import register as register_drill_commands
 from ckptflow.cli_errors import catalog_failure, run_name
 from ckptflow.cli_errors import catalog_url as resolve_catalog_url
 from ckptflow.cli_errors import fail as _fail
+from ckptflow.cli_import import register as register_import_commands
 from ckptflow.cli_pipeline import register as register_pipeline_commands
 from ckptflow.cli_plan import plan_command
 from ckptflow.cli_restore import register as register_restore_commands
@@ -210,6 +211,7 @@ register_retention_commands(app)
 register_drill_commands(app)
 register_status_commands(app)
 register_restore_commands(app)
+register_import_commands(app)
 app.command("plan")(plan_command)
 
 

@@ -96,6 +96,47 @@ def checksum_file(path: str | os.PathLike[str], chunk: int = READ_CHUNK) -> tupl
         return checksum_stream(f, chunk)
 
 
+def copy_with_spans(
+    source: BinaryIO, target: BinaryIO | None, spans: Iterable[tuple[int, int]], chunk: int = READ_CHUNK
+) -> tuple[str, int, dict[tuple[int, int], str]]:
+    """Read ``source`` to its end once (writing every byte to ``target`` if given); return (its
+    encoded checksum, its size, the encoded CRC of each ``(offset, length)`` span in ``spans``).
+
+    The running CRC is noted at every span boundary (reads are cut there), and each span's CRC
+    follows from the two prefixes (:func:`range_crc`): no byte is read twice. ``ValueError`` if a
+    span ends past the end of the file."""
+    wanted = sorted(set(spans))
+    cuts = sorted({o for o, _ in wanted} | {o + n for o, n in wanted})
+    marks: dict[int, int] = {}
+    crc = size = 0
+    view = thread_buffer(chunk)
+    pending = iter(cuts)
+    cut = next(pending, None)
+    while True:
+        while cut is not None and cut <= size:
+            if cut == size:
+                marks[cut] = crc
+            cut = next(pending, None)
+        limit = chunk if cut is None else min(chunk, cut - size)
+        n = source.readinto(view[:limit])  # type: ignore[attr-defined]
+        if not n:
+            break
+        if target is not None:
+            written = target.write(view[:n])
+            if written is not None and written != n:
+                raise OSError(f"short write: {written} of {n} bytes")
+        crc = crc64nvme(view[:n], crc)
+        size += n
+    if cut is not None and cut == size:
+        marks[cut] = crc
+    missing = [(o, n) for o, n in wanted if o + n > size]
+    if missing:
+        offset, length = missing[0]
+        raise ValueError(f"span [{offset}, +{length}) ends past the end of the {size}-byte file")
+    blocks = {(o, n): encode(range_crc(marks[o], marks[o + n], n)) for o, n in wanted}
+    return encode(crc), size, blocks
+
+
 def range_crc(prefix_to_start: int, prefix_to_end: int, length: int) -> int:
     """The CRC64NVME of bytes ``[a, b)`` of a stream, from the CRCs of its prefixes ``[0, a)`` and
     ``[0, b)`` (``length`` = b - a): CRC(B) = CRC(A+B) xor shift(CRC(A), len(B)), so a writer that

@@ -250,3 +250,24 @@ def test_writer_block_checksums_cover_spans_between_write_boundaries(tmp_path):
                 assert writer.block_checksum(start, end - start) == checksums.checksum_bytes(data[start:end])
         with pytest.raises(ValueError, match="write boundaries"):
             writer.block_checksum(50, 10)  # 50 is inside the first write
+
+
+def test_copy_with_spans_reads_once_and_gives_every_span_its_crc():
+    rng = random.Random(7)
+    for _ in range(200):
+        data = rng.randbytes(rng.randint(0, 3000))
+        spans = []
+        for _ in range(rng.randint(0, 5)):
+            offset = rng.randint(0, len(data))
+            spans.append((offset, rng.randint(0, len(data) - offset)))
+        copied = io.BytesIO()
+        whole, size, blocks = checksums.copy_with_spans(
+            io.BytesIO(data), copied, spans, chunk=rng.choice([1, 5, 64, 1 << 20])
+        )
+        assert (whole, size, copied.getvalue()) == (checksums.checksum_bytes(data), len(data), data)
+        assert blocks == {(o, n): checksums.checksum_bytes(data[o : o + n]) for o, n in spans}
+
+
+def test_copy_with_spans_refuses_a_span_past_the_end():
+    with pytest.raises(ValueError, match=r"span \[2, \+9\) ends past the end of the 4-byte file"):
+        checksums.copy_with_spans(io.BytesIO(b"abcd"), None, [(0, 2), (2, 9)])
