@@ -1,20 +1,31 @@
-"""The main job: the whole checkpoint lifecycle on one machine, with nodes dying along the way.
+"""The main job: the whole checkpoint lifecycle on one machine, on two simulated nodes, one of them
+lost and replaced along the way.
 
     make demo                 (or: .venv/bin/python examples/demo.py)
     make demo KEEP_UP=1       (leave the services running to explore the Prefect UI)
 
-1. Services: SeaweedFS (S3, auth on) and a Prefect server on 127.0.0.1, and the ckptflow
-   deployments served (promote on every "checkpoint staged" event; reconcile, scrub, retention and
-   the recovery drill on schedules). A running stack from ``--keep-up`` is reused.
-2. A reference run of examples/train_tiny.py trains uninterrupted (no pipeline: the ground truth).
-3. The same training runs under a supervisor that SIGKILLs it in the middle of a background save and
-   again between saves, restarting it each time as an orchestrator would after a node failure. Each
-   restart resumes from the newest checkpoint that verifies. Every commit emits an event that
-   promotes the checkpoint hot -> warm -> cold (S3 multipart, checksums verified by the server).
-4. Wait for the promotions; apply the demo retention policy (examples/demo_retention.yaml); run a
-   recovery drill that restores the newest cold copy into a 2-rank scratch job and compares its loss.
-5. Print a summary: checkpoints per tier (each re-verified now), stall and throughput, storage
-   $/month, the drill verdict and the Prefect UI address; then stop the services it started.
+1. Services: SeaweedFS (S3, auth on) and a Prefect server on 127.0.0.1, and the pipeline's
+   deployments served (promote warm -> cold on every "published" event; reconcile, scrub, retention
+   and the recovery drill on schedules). A running stack from ``--keep-up`` is reused.
+2. Two nodes: Linux mount namespaces, each with its own directory mounted at the config's hot root
+   (node-local NVMe: the same path, different disks), each running ``ckptflow agent`` (its own
+   promote-part deployment). Without root, an unprivileged user namespace does the same.
+3. A reference run of examples/train_tiny.py on both nodes (one rank each), uninterrupted and without
+   the pipeline: the ground truth.
+4. The same training with the pipeline: every commit's staged event makes each node's agent copy its
+   part to warm; the node that completes warm publishes it and the pipeline copies it to cold. Node 1
+   dies in the middle of a background save and is replaced by a machine with an empty disk; the job
+   restarts, node 1 fetches its part from warm, and the run ends bit-identical to the reference.
+5. Wait for the promotions; apply the demo retention policy (examples/demo_retention.yaml); run a
+   recovery drill that restores the newest cold copy into a 1-rank scratch job (saved on 2) and
+   compares its loss.
+6. Print a summary: checkpoints per tier (each re-verified now), what each node's disk holds, stall
+   and throughput, storage $/month, the drill verdict and the Prefect UI address; then stop the
+   services it started.
+
+Where neither root nor unprivileged user namespaces are available, it says so and runs the same
+lifecycle on this machine as one node (its agent beside it), with the training process killed and
+restarted instead of a node replaced.
 """
 
 from __future__ import annotations
@@ -33,11 +44,15 @@ import yaml
 
 from ckptflow.supervise import SupervisedProcess
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import demo_nodes  # noqa: E402  (examples/ is not a package: the demo's own helper module)
+
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE / "train_tiny.py"
 RETENTION = HERE / "demo_retention.yaml"
 HIDDEN = 512
 SAVE_EVERY = 25
+TWO_NODE_STEP_SLEEP_S = 0.4
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=HERE.parent / ".scratch" / "demo")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--keep-up", action="store_true", help="leave the services (and files) running")
+    ap.add_argument("--one-node", action="store_true", help="one node, no namespaces (the fallback)")
     args = ap.parse_args(argv)
+    why_not = demo_nodes.available()
+    two_nodes = not args.one_node and why_not is None
+    if not two_nodes and not args.one_node:
+        print(f"cannot simulate two nodes here ({why_not}): running the lifecycle on one node instead")
     began = time.monotonic()
     work: Path = args.workdir.resolve()
     run = "demo-" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")  # a reused stack keeps older runs
@@ -54,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from ckptflow.services import stack as local_stack
 
-    print("1/5 services: SeaweedFS (S3, auth on), Prefect server, deployments ...", flush=True)
+    print("1/6 services: SeaweedFS (S3, auth on), Prefect server, deployments ...", flush=True)
     reused = local_stack.find(work / "stack") is not None
-    stack = local_stack.up(work / "stack", serve=True, reconcile_interval_s=60)
+    stack = local_stack.up(work / "stack", serve=True, reconcile_interval_s=60, agent=not two_nodes)
     ok = False
     # This process's flow runs (retention, drill) report to the stack's server, never an ephemeral
     # one, with its auth string: Prefect read its settings at import, so they are overridden here,
@@ -65,7 +85,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with temporary_settings(stack.prefect.client_settings()):
-            ok = lifecycle(args, stack, run, runs_dir, reused, began)
+            if two_nodes:
+                ok = two_node_lifecycle(args, stack, run, runs_dir, reused, began)
+            else:
+                ok = lifecycle(args, stack, run, runs_dir, reused, began)
     finally:
         if args.keep_up:
             print("services left running (--keep-up); stop them with:")
@@ -83,14 +106,15 @@ def lifecycle(
     config = stack.config_path
     print(f"    {'reused the running stack' if reused else 'started'}: Prefect UI {stack.prefect.ui_url}")
 
-    print("2/5 reference run (uninterrupted, no pipeline) ...", flush=True)
+    print("2/6 one node: this machine, its agent beside it ...", flush=True)
+    print("3/6 reference run (uninterrupted, no pipeline) ...", flush=True)
     reference_json = runs_dir / "reference.json"
     argv = train_argv(args, ["--root", str(runs_dir / "reference"), "--result", str(reference_json)])
     if SupervisedProcess(argv, log_path=runs_dir / "reference.log").wait() != 0:
         print(f"reference run failed; see {runs_dir / 'reference.log'}")
         return False
 
-    print("3/5 training with node failures: SIGKILL during a save, then between saves ...", flush=True)
+    print("4/6 training with node failures: SIGKILL during a save, then between saves ...", flush=True)
     result_json, log = runs_dir / "run.json", runs_dir / "run.log"
     argv = train_argv(args, ["--config", str(config), "--run", run, "--result", str(result_json)])
     # The training processes' staged events authenticate with the stack's auth string.
@@ -108,7 +132,7 @@ def lifecycle(
     )
     print(f"    loss history and parameters bit-identical to the reference: {'YES' if identical else 'NO'}")
 
-    print("4/5 promotions (event-triggered), retention, recovery drill ...", flush=True)
+    print("5/6 promotions (event-triggered), retention, recovery drill ...", flush=True)
     t0 = time.monotonic()
     steps = list(range(SAVE_EVERY, args.steps + 1, SAVE_EVERY))
     promoted = wait_promoted(config, run, steps, timeout_s=300)
@@ -124,10 +148,110 @@ def lifecycle(
     drill = run_drill(stack.directory, config, run)
     print(f"    {drill['verdict']}")
 
-    print("5/5 summary", flush=True)
+    print("6/6 summary", flush=True)
     print_summary(config, run, final, stack, drill)
     print(f"demo finished in {time.monotonic() - began:.0f} s")
     return identical and promoted and bool(drill["passed"])
+
+
+def two_node_lifecycle(
+    args: argparse.Namespace, stack: Any, run: str, runs_dir: Path, reused: bool, began: float
+) -> bool:
+    config = stack.config_path
+    print(f"    {'reused the running stack' if reused else 'started'}: Prefect UI {stack.prefect.ui_url}")
+    print("2/6 two nodes: a private disk each at the same hot path, an agent each ...", flush=True)
+    hot = Path(yaml.safe_load(config.read_text())["tiers"]["hot"]["root"])
+    env = local_stack_env(stack)
+    nodes = demo_nodes.boot(runs_dir, config, hot, env)
+    try:
+        from ckptflow.agent.node_deployments import deployment_name
+        from ckptflow.services import stack as local_stack
+
+        local_stack.wait_for_deployments(stack.prefect, [deployment_name(n.host) for n in nodes.job.nodes])
+        hosts = ", ".join(n.host for n in nodes.job.nodes)
+        print(f"    {hosts} up; their disks: {', '.join(map(str, nodes.disks))}")
+
+        print("3/6 reference run on both nodes (uninterrupted, no pipeline) ...", flush=True)
+        reference_json = runs_dir / "reference.json"
+        demo_nodes.train(
+            nodes,
+            train_argv(args, ["--root", str(hot / f"{run}-reference"), "--result", str(reference_json)])[2:],
+            "reference",
+        )
+        nodes.job.wait(900)
+
+        print(
+            "4/6 training with the pipeline; node 1 dies in a background save and is replaced ...", flush=True
+        )
+        result_json = runs_dir / "run.json"
+        # --run-name: torchrun refuses --run as an ambiguous prefix of its own --run-path.
+        # Paced so that the agents' promotions keep up and a checkpoint reaches warm before the
+        # node is lost (the results do not depend on the pace).
+        pace = ["--step-sleep", str(TWO_NODE_STEP_SLEEP_S)]
+        argv = train_argv(args, ["--config", str(config), "--run-name", run, *pace])[2:]
+        events = demo_nodes.run_with_a_node_replaced(
+            nodes, argv, result_json, lambda: newest_ready(config, run, "warm")
+        )
+        if events is None:
+            print(f"the training failed; see the logs under {runs_dir}")
+            return False
+        for what, value in events:
+            print(f"    {what}: {value}")
+        for host, line in demo_nodes.fetched_by_node(runs_dir).items():
+            print(f"    {host}: {line}")
+        reference = demo_nodes.read_result(reference_json)
+        final = demo_nodes.read_result(result_json)
+        identical = (
+            final["loss_history"] == reference["loss_history"]
+            and final["param_digest"] == reference["param_digest"]
+        )
+        print(
+            f"    loss history and parameters bit-identical to the reference: {'YES' if identical else 'NO'}"
+        )
+        happened = dict(events)
+        resumed = happened["job restarted on both nodes, resumed from step"]
+        # A later checkpoint may reach warm between the kill and the restart (its promotion was
+        # under way): at least the one on warm when node 1 died.
+        if resumed < happened["newest checkpoint on warm then"]:
+            print(f"    expected to resume from the newest checkpoint on warm, resumed from step {resumed}")
+            return False
+
+        print("5/6 promotions (each node's part by its agent), retention, recovery drill ...", flush=True)
+        t0 = time.monotonic()
+        # A checkpoint committed after the one the job resumed from, while node 1 lived, lost its
+        # part with node 1's disk: it can never be promoted (nothing else held that part).
+        killed_at = happened["node 1 lost during a background save at step"]
+        all_steps = range(SAVE_EVERY, args.steps + 1, SAVE_EVERY)
+        lost = [s for s in all_steps if resumed < s <= killed_at]
+        steps = [s for s in all_steps if s not in lost]
+        promoted = wait_promoted(config, run, steps, timeout_s=300)
+        print(
+            f"    {len(steps)} checkpoints promoted to warm and cold {'' if promoted else 'NOT all '}"
+            f"(waited {time.monotonic() - t0:.0f} s after training)"
+            + (f"; step(s) {lost} lost their node 1 part with its disk" if lost else "")
+        )
+        retention = apply_retention(stack.directory, config)
+        print(
+            f"    retention ({RETENTION.name}): {retention['soft_deleted']} replicas soft-deleted "
+            f"(purged after the grace period); {retention['message']}"
+        )
+        drill = run_drill(stack.directory, config, run, world_size=1)
+        print(f"    {drill['verdict']}")
+
+        print("6/6 summary", flush=True)
+        print_summary(config, run, final, stack, drill, hot_tier=False)
+        for host, held in nodes.holdings(run).items():
+            print(f"    {host}'s own disk: {', '.join(held) or 'nothing'}")
+        print(f"demo finished in {time.monotonic() - began:.0f} s")
+        return identical and promoted and bool(drill["passed"])
+    finally:
+        nodes.shutdown()
+
+
+def local_stack_env(stack: Any) -> dict[str, str]:
+    from ckptflow.services.stack import client_env
+
+    return client_env(stack.prefect)
 
 
 def train_argv(args: argparse.Namespace, extra: list[str]) -> list[str]:
@@ -195,6 +319,12 @@ def replica_states(config: Path, run: str) -> dict[int, dict[str, str]]:
         catalog.dispose()
 
 
+def newest_ready(config: Path, run: str, tier: str) -> int | None:
+    """The newest step of ``run`` with a ready replica on ``tier`` (None: none yet)."""
+    ready = [step for step, tiers in replica_states(config, run).items() if tiers.get(tier) == "ready"]
+    return max(ready, default=None)
+
+
 def wait_promoted(config: Path, run: str, steps: list[int], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -214,8 +344,9 @@ def apply_retention(stack_dir: Path, config: Path) -> dict[str, Any]:
     return retention_flow(str(config), str(policy), apply=True)
 
 
-def run_drill(stack_dir: Path, config: Path, run: str) -> dict[str, Any]:
-    """Restore the newest cold copy into a 2-rank scratch job (training ran on 1) and compare."""
+def run_drill(stack_dir: Path, config: Path, run: str, world_size: int = 2) -> dict[str, Any]:
+    """Restore the newest cold copy into a ``world_size``-rank scratch job (another world size than
+    the training's) and compare its loss."""
     from ckptflow.flows.drill import DrillFailed, recovery_drill
 
     spec = {
@@ -223,7 +354,7 @@ def run_drill(stack_dir: Path, config: Path, run: str) -> dict[str, Any]:
         "run": run,
         "checkpoint": "latest",
         "tier": "cold",
-        "world_size": 2,
+        "world_size": world_size,
         "eval": "train_tiny:drill_eval",
         "eval_kwargs": {"hidden": HIDDEN},
         "python_path": [str(HERE)],
@@ -241,14 +372,17 @@ def run_drill(stack_dir: Path, config: Path, run: str) -> dict[str, Any]:
         return exc.summary
 
 
-def print_summary(config: Path, run: str, final: dict[str, Any], stack: Any, drill: dict[str, Any]) -> None:
+def print_summary(
+    config: Path, run: str, final: dict[str, Any], stack: Any, drill: dict[str, Any], hot_tier: bool = True
+) -> None:
     from ckptflow.policy.config import load_config
     from ckptflow.storage.from_config import build_tiers
     from ckptflow.tasks.cost_ops import cost_now
 
     tiers = build_tiers(load_config(config))
     states = replica_states(config, run)
-    for name in ("hot", "warm", "cold"):
+    # With node-local disks the hot tier is each node's own (shown per node by the caller).
+    for name in ("hot", "warm", "cold") if hot_tier else ("warm", "cold"):
         ready = sorted(s for s, t in states.items() if t.get(name) == "ready")
         verified = sum(tiers[name].verify(run, s).ok for s in ready)
         shown = f"steps {ready[0]}..{ready[-1]}" if len(ready) > 2 else f"steps {ready}"

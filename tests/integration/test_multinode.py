@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import simulated_nodes
-from simulated_nodes import Cluster, cluster
 
+from ckptflow.services import simulated_nodes
+from ckptflow.services.simulated_nodes import Cluster, cluster
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
 

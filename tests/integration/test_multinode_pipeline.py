@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import simulated_nodes
 import yaml
 from replica_waits import replica_states, wait_ready
-from simulated_nodes import Cluster, cluster
 
 from ckptflow.catalog import Catalog
+from ckptflow.services import simulated_nodes
 from ckptflow.services import stack as local_stack
+from ckptflow.services.simulated_nodes import Cluster, cluster
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
 

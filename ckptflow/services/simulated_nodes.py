@@ -1,4 +1,5 @@
-"""Simulated nodes on one machine: each node is a Linux mount (and UTS) namespace with a private disk.
+"""Simulated nodes on one machine (for the demo and the tests): each node is a Linux mount (and UTS)
+namespace with a private disk.
 
 A node's processes see ``hot_path`` (the same path on every node) bind-mounted from the node's own
 backing directory, so the nodes see identical paths and different disks, as on a cluster with
@@ -12,8 +13,9 @@ host name (``node<K>``).
 As root (CI) plain ``unshare --mount --uts`` is used; otherwise an unprivileged user namespace
 (``unshare -Urm --uts``) where the kernel allows one. :func:`unavailable` says why neither works.
 
-The test process itself is the operator: it may look into every node's backing directory to check
-what each node holds. The product under test never can: it sees only ``hot_path``.
+The process that simulates the nodes (the demo, a test) is the operator: it may look into every
+node's backing directory to show what each node holds. ckptflow running inside a node never can: it
+sees only ``hot_path``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -160,6 +163,27 @@ class Node:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else "(no output)"
+
+
+def wait_for_line(
+    log: Path, predicate: Callable[[str], bool], timeout_s: float, alive: Callable[[], bool]
+) -> str | None:
+    """The first line of ``log`` (as it grows) that satisfies ``predicate``; None once ``timeout_s``
+    passed or ``alive()`` turned false."""
+    deadline = time.monotonic() + timeout_s
+    seen = 0
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        lines = text.splitlines()
+        complete = lines if text.endswith("\n") else lines[:-1]
+        for line in complete[seen:]:
+            if predicate(line):
+                return line
+        seen = len(complete)
+        if not alive():
+            return None
+        time.sleep(0.1)
+    return None
 
 
 @dataclass
