@@ -151,17 +151,21 @@ def reconcile_command(config: Path = typer.Option(..., "--config", help="ckptflo
 
 
 def scrub_command(config: Path = typer.Option(..., "--config", help="ckptflow.yaml")) -> None:
-    """Re-verify warm and cold replicas now and repair corrupt ones (exit 1 if any stays corrupt)."""
+    """Re-verify warm and cold replicas now and repair corrupt ones (exit 1 if any stays corrupt or
+    its repair failed; a replica that could not be read now is "retry later" and does not count)."""
     prefect_env(config)
     from ckptflow.cli_progress import TransferBar  # noqa: PLC0415
-    from ckptflow.flows.scrub import scrub  # noqa: PLC0415
+    from ckptflow.flows.scrub import ScrubError, scrub  # noqa: PLC0415
     from ckptflow.tasks.progress import reporting_to  # noqa: PLC0415
 
     with TransferBar("scrub: bytes re-verified", None) as bar, reporting_to(bar):
-        rows = scrub(str(config.resolve()))
+        try:
+            rows = scrub(str(config.resolve()))
+        except ScrubError as exc:
+            rows = exc.rows  # every replica was handled; some could not be repaired
     for row in rows:
         typer.echo(f"{row['run']} step {row['step']} {row['tier']}: {row['verdict']} {row['detail']}")
-    if any(row["verdict"] == "corrupt" for row in rows):
+    if any(row["verdict"] in ("corrupt", "repair failed", "error") for row in rows):
         raise typer.Exit(1)
 
 

@@ -7,8 +7,11 @@ test gets its own schema, dropped afterwards, so tests never see each other's ro
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,3 +63,28 @@ def catalog(catalog_url: str) -> Iterator[Any]:
     opened = Catalog.open(catalog_url)
     yield opened
     opened.dispose()
+
+
+@contextmanager
+def _refusing_changes(step_dir: Path) -> Iterator[None]:
+    """While inside, ``step_dir`` cannot be moved or removed, as on a read-only mount: the immutable
+    flag as root (root ignores permissions), a read-only parent directory otherwise. The failure a
+    change then meets is the kernel's own EPERM/EACCES."""
+    if os.geteuid() == 0:
+        done = subprocess.run(["chattr", "+i", str(step_dir)], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"chattr +i is not available here: {done.stderr.strip()}")
+        undo = ["chattr", "-i", str(step_dir)]
+    else:
+        os.chmod(step_dir.parent, 0o555)
+        undo = ["chmod", "755", str(step_dir.parent)]
+    try:
+        yield
+    finally:
+        subprocess.run(undo, check=True)
+
+
+@pytest.fixture
+def refusing_changes() -> Callable[[Path], AbstractContextManager[None]]:
+    """``with refusing_changes(step_dir):`` a directory no tier operation can move or remove."""
+    return _refusing_changes

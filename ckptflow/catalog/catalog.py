@@ -16,7 +16,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import text
 from sqlmodel import Session, SQLModel, col, select
 
-from ckptflow.catalog import retention_rows
+from ckptflow.catalog import replica_notes, retention_rows
 from ckptflow.catalog.engine import CatalogEngine, dispose_engine, get_engine, normalize_url
 from ckptflow.catalog.models import (
     LIVE_STATES,
@@ -362,6 +362,11 @@ class Catalog:
                     bytes=nbytes,
                     reason=reason,
                 )
+
+    def note_replica(self, checkpoint_id: int, tier: str, kind: str, detail: str) -> bool:
+        """Record ``detail`` on a replica (its reason, event ``replica.<kind>``) without changing its
+        state: a check that could not decide (see :mod:`ckptflow.catalog.replica_notes`)."""
+        return replica_notes.note_replica(self, checkpoint_id, tier, kind, detail)
 
     def parts(self, checkpoint_id: int) -> list[PartReplica]:
         """Every node's copy of every part of a checkpoint, by part then holder."""

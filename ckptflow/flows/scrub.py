@@ -5,6 +5,12 @@ and verified at upload. A replica that fails is marked CORRUPT, replaced from th
 that verifies (hot, else warm, else cold), verified again and marked READY. A replica whose manifest
 is not the one the catalog recorded at commit (``manifest_checksum``) fails too.
 
+Each replica is handled on its own (:mod:`ckptflow.tasks.scrub_ops`): a replica that cannot be read
+now (an I/O error, a timeout, S3 throttling or a 5xx) is ``retry later``, noted on the replica and
+left in its state, never marked corrupt; a repair that raises is recorded on its replica (CORRUPT,
+the reason says why) and the scrub goes on. The ``scrub`` artifact is written whatever happened; the
+flow run then fails, naming them, if any replica's repair failed or its handling raised.
+
 The verifications run where ``ckptflow.yaml`` says (``prefect.task_runner``): threads of this process,
 or a Dask cluster (see ``ckptflow.flows.runners``); repairs and catalog writes stay in this process.
 """
@@ -16,15 +22,23 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from ckptflow.catalog import Catalog, ReplicaState
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.runners import submit, task_runner_for
-from ckptflow.tasks.catalog_tasks import record_replica
-from ckptflow.tasks.manifest_check import check_against_catalog
-from ckptflow.tasks.replica_tasks import repair_replica, verify_replica
+from ckptflow.tasks import scrub_tasks
+from ckptflow.tasks.scrub_ops import FAILED_VERDICTS, OK, REPAIRED
 from ckptflow.tasks.tiers import load
 
 SCRUB_THREADS = 4  # thread-pool size with task_runner: threads
+
+
+class ScrubError(RuntimeError):
+    """Some replicas could not be repaired (or handled); ``rows`` is the whole scrub's outcome."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        failed = [r for r in rows if r["verdict"] in FAILED_VERDICTS]
+        named = "; ".join(f"{r['run']} step {r['step']} on {r['tier']}: {r['detail']}" for r in failed[:5])
+        super().__init__(f"scrub: {len(failed)} of {len(rows)} replicas failed: {named}")
+        self.rows = rows
 
 
 # No task_runner here: the verifications go through task_runner_for(config), chosen per run from
@@ -37,51 +51,44 @@ def scrub(config_path: str, tiers: list[str] | None = None, repair: bool = True)
     config, _ = load(config_path)
     wanted = tiers or [t for t in config.tier_names() if t != "hot"]
     rows: list[dict[str, Any]] = []
-    catalog = Catalog.open(config.catalog)
     try:
-        targets = [
-            (cp, replica)
-            for cp in catalog.checkpoints()
-            for replica in catalog.replicas(cp.id)
-            if replica.tier in wanted and replica.state in (ReplicaState.READY, ReplicaState.CORRUPT)
-        ]
+        targets = scrub_tasks.targets(config_path, wanted)
+        with task_runner_for(config, threads=SCRUB_THREADS) as runner:
+            checks = [(t, submit(runner, scrub_tasks.check_replica, config_path, t)) for t in targets]
+            for target, future in checks:
+                try:
+                    check = future.result()
+                    # A verified replica is one catalog write (a plain call, not worth a task run).
+                    settle = (
+                        scrub_tasks.settle_replica.fn if check.verdict == OK else scrub_tasks.settle_replica
+                    )
+                    row = settle(config_path, target, check, repair)
+                except Exception as exc:  # noqa: BLE001 - recorded on this replica; the others go on
+                    row = scrub_tasks.record_error(config_path, target, exc)
+                if row["verdict"] != OK:
+                    failed = row["verdict"] in FAILED_VERDICTS
+                    log = (
+                        logger.error
+                        if failed
+                        else logger.info
+                        if row["verdict"] == REPAIRED
+                        else logger.warning
+                    )
+                    log(
+                        "%s step %d on %s: %s: %s",
+                        row["run"],
+                        row["step"],
+                        row["tier"],
+                        row["verdict"],
+                        row["detail"],
+                    )
+                rows.append(row)
     finally:
-        catalog.dispose()
-    with task_runner_for(config, threads=SCRUB_THREADS) as runner:
-        checks = [
-            (cp, r, submit(runner, verify_replica, config_path, cp.run, cp.step, r.tier)) for cp, r in targets
-        ]
-        for cp, replica, future in checks:
-            report = check_against_catalog(future.result(), config_path, cp, replica.tier)
-            row = {"run": cp.run, "step": cp.step, "tier": replica.tier, "verdict": "ok", "detail": ""}
-            if not report["ok"]:
-                reason = "; ".join(report["problems"][:5]) or "replica missing"
-                record_replica(config_path, cp.id, replica.tier, "corrupt", reason=reason)
-                row.update(verdict="corrupt", detail=reason)
-                logger.error("%s step %d on %s is corrupt: %s", cp.run, cp.step, replica.tier, reason)
-                source = _intact_source(config_path, cp.run, cp.step, exclude=replica.tier)
-                if repair and source is not None:
-                    repair_replica(config_path, cp.run, cp.step, replica.tier, source)
-                    again = verify_replica(config_path, cp.run, cp.step, replica.tier)
-                    if again["ok"]:
-                        record_replica(
-                            config_path, cp.id, replica.tier, "ready", uri=again["uri"], bytes=again["bytes"]
-                        )
-                        row.update(verdict="repaired", detail=f"{reason} -> repaired from {source}")
-                elif source is None:
-                    row["detail"] += " (no intact replica to repair from)"
-            rows.append(row)
-    create_table_artifact(
-        key="scrub",
-        table=rows or [{"run": "", "step": None, "tier": "", "verdict": "no replicas", "detail": ""}],
-        description=f"scrub: {sum(r['verdict'] != 'ok' for r in rows)} of {len(rows)} replicas needed care",
-    )
+        create_table_artifact(
+            key="scrub",
+            table=rows or [{"run": "", "step": None, "tier": "", "verdict": "no replicas", "detail": ""}],
+            description=f"scrub: {sum(r['verdict'] != OK for r in rows)} of {len(rows)} replicas needed care",
+        )
+    if any(r["verdict"] in FAILED_VERDICTS for r in rows):
+        raise ScrubError(rows)
     return rows
-
-
-def _intact_source(config_path: str, run: str, step: int, exclude: str) -> str | None:
-    config, _ = load(config_path)
-    for tier in config.tier_names():
-        if tier != exclude and verify_replica(config_path, run, step, tier)["ok"]:
-            return tier
-    return None

@@ -26,6 +26,11 @@ def manifest_mismatch(config_path: str, run: str, step: int, tier: str, recorded
         data = tiers[tier].read_file(run, step, MANIFEST_NAME)
     except (TierError, OSError) as exc:
         return f"{MANIFEST_NAME}: unreadable ({exc})"
+    return bytes_mismatch(data, recorded)
+
+
+def bytes_mismatch(data: bytes, recorded: str) -> str | None:
+    """Why manifest bytes ``data`` are not the ones the catalog recorded (``recorded``), or None."""
     actual = checksums.checksum_bytes(data)
     if actual != recorded:
         return (

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +10,6 @@ from prefect.cache_policies import NO_CACHE
 
 from ckptflow.storage.manifest import Manifest
 from ckptflow.storage.posix_tier import PosixTier
-from ckptflow.storage.tier import Tier
 from ckptflow.storage.verify import verify_files
 from ckptflow.tasks import progress
 from ckptflow.tasks.tiers import load
@@ -92,43 +89,3 @@ def verify_replica(config_path: str, run: str, step: int, tier: str) -> dict[str
         "bytes": report.manifest.total_bytes if report.manifest else 0,
         "present": report.manifest is not None,
     }
-
-
-def _require_manifest(tier: Tier, run: str, step: int) -> Manifest:
-    manifest = tier.read_manifest(run, step)
-    if manifest is None:
-        raise ValueError(f"{tier.name} holds no committed copy of {run} step {step} to repair from")
-    return manifest
-
-
-@task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def repair_replica(config_path: str, run: str, step: int, tier: str, source_tier: str) -> str:
-    """Replace a corrupt replica with a verified copy from ``source_tier`` (fetched locally first
-    when the source is remote)."""
-    _, tiers = load(config_path)
-    target, source = tiers[tier], tiers[source_tier]
-    target.delete(run, step)
-    if isinstance(source, PosixTier):
-        local = source.path(run, step)
-        manifest = _require_manifest(source, run, step)
-        return target.put(local, manifest).uri
-    scratch = Path(tempfile.mkdtemp(prefix="ckptflow-repair-"))
-    try:
-        local = scratch / f"step-{step}"
-        source.fetch(run, step, local)  # verifies every checksum while downloading
-        return target.put(local, _require_manifest(source, run, step)).uri
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-@task(cache_policy=NO_CACHE)
-def cleanup_tier(config_path: str, tier: str, older_than_s: float) -> list[str]:
-    """Remove interrupted work on a tier: stale partial directories, incomplete multipart uploads."""
-    _, tiers = load(config_path)
-    return tiers[tier].cleanup_stale(older_than_s)
-
-
-@task(cache_policy=NO_CACHE)
-def replica_present(config_path: str, run: str, step: int, tier: str) -> bool:
-    _, tiers = load(config_path)
-    return tiers[tier].read_manifest(run, step) is not None
