@@ -89,3 +89,17 @@ def verify_replica(config_path: str, run: str, step: int, tier: str) -> dict[str
         "bytes": report.manifest.total_bytes if report.manifest else 0,
         "present": report.manifest is not None,
     }
+
+
+@task(cache_policy=NO_CACHE)
+def cleanup_tier(config_path: str, tier: str, older_than_s: float) -> list[str]:
+    """Remove interrupted work on a tier: stale partial directories, incomplete multipart uploads."""
+    _, tiers = load(config_path)
+    return tiers[tier].cleanup_stale(older_than_s)
+
+
+@task(cache_policy=NO_CACHE)
+def replica_present(config_path: str, run: str, step: int, tier: str) -> bool:
+    """Whether ``tier`` shows a committed copy of (run, step) (its manifest; one stat or GET)."""
+    _, tiers = load(config_path)
+    return tiers[tier].read_manifest(run, step) is not None
