@@ -13,10 +13,8 @@ flow run fails when the drill fails, so the Prefect UI shows it red and automati
 
 from __future__ import annotations
 
-import re
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -27,7 +25,7 @@ from ckptflow.flows.pinned import pinned_path
 from ckptflow.policy.drill_spec import load_drill_spec
 from ckptflow.policy.yaml_source import ConfigError
 from ckptflow.storage.run_names import check_run_name
-from ckptflow.tasks import drill_ops
+from ckptflow.tasks import drill_body
 from ckptflow.tasks.drill_tasks import (
     choose_and_pin,
     emit_verdict,
@@ -37,7 +35,10 @@ from ckptflow.tasks.drill_tasks import (
 )
 from ckptflow.tasks.tiers import load
 
-PIN_MARGIN_S = 600.0
+# The drill's body (ckptflow.tasks.drill_body) runs each of its steps as a task of this flow run.
+STEPS = drill_body.DrillSteps(
+    choose_and_pin=choose_and_pin, fetch=fetch_into_scratch, run_job=run_scratch_job
+)
 
 
 class DrillFailed(RuntimeError):
@@ -82,7 +83,7 @@ def recovery_drill(spec_path: str, config_path: str | None = None) -> dict[str, 
     catalog = Catalog.open(config.catalog)
     try:
         drill.id = catalog.record_drill(drill)
-        failure = _drill(catalog, config, config_path, spec, drill, started)
+        failure = drill_body.run_drill(catalog, config, config_path, spec, drill, started, STEPS, logger)
         drill.passed, drill.reason = failure is None, failure.reason if failure else None
         drill.finished_at = datetime.now(UTC)
         catalog.record_drill(drill)  # the history gate reads this row back
@@ -95,8 +96,12 @@ def recovery_drill(spec_path: str, config_path: str | None = None) -> dict[str, 
         catalog.record_drill(drill)
     finally:
         catalog.dispose()
-    summary = _summary(spec.name, drill)
-    _artifact(spec.name, summary, drill)
+    summary = drill_body.summary(spec.name, drill)
+    create_markdown_artifact(
+        key=f"drill-{drill_body.slug(spec.name)}",
+        markdown=drill_body.report_markdown(spec.name, summary, drill),
+        description=summary["verdict"],
+    )
     emit_verdict(summary)
     if not drill.passed:
         logger.error("drill %s FAILED: %s", spec.name, drill.reason)
@@ -105,101 +110,8 @@ def recovery_drill(spec_path: str, config_path: str | None = None) -> dict[str, 
     return summary
 
 
-def _drill(
-    catalog: Catalog, config: Any, config_path: str, spec: Any, drill: Drill, started: float
-) -> drill_ops.DrillFailure | None:
-    """The drill proper; fills ``drill`` with what it measured and returns the failure, if any."""
-    scratch: Path | None = None
-    holder = f"drill:{drill.id}"
-    chosen = None
-    try:
-        t0 = time.perf_counter()
-        # Chosen and pinned as one: retention cannot delete the choice between the two.
-        chosen = choose_and_pin(config_path, spec, holder, spec.job_timeout_s + spec.rto_s + PIN_MARGIN_S)
-        drill.step, drill.checkpoint_id = chosen.step, chosen.checkpoint_id
-        drill.saved_world_size = chosen.saved_world_size
-        catalog.record_drill(drill)
-        drill.phases["choose_s"] = time.perf_counter() - t0
-        scratch = drill_ops.scratch_directory(spec, config, re.sub(r"[^a-z0-9-]", "-", spec.name.lower()))
-        fetched = fetch_into_scratch(config_path, spec, chosen.step, scratch)
-        drill.reference_loss = fetched.reference_loss
-        drill.saved_world_size = fetched.saved_world_size
-        drill.phases.update(fetch_s=fetched.fetch_s, verify_s=fetched.verify_s)
-        job = run_scratch_job(spec, chosen.step, scratch)
-        rank0 = job.ranks[0]
-        drill.phases.update(
-            job_s=job.wall_s,
-            restore_verify_s=float(rank0.get("verify_s", 0.0)),
-            load_s=float(rank0.get("load_s", 0.0)),
-            eval_s=job.loss_at - float(rank0.get("restored_at", job.loss_at)),
-        )
-        drill.drill_loss = job.loss
-        drill.loss_delta = abs(job.loss - fetched.reference_loss)
-        drill.rto_s = job.loss_at - started
-        drill_ops.judge(spec, fetched.reference_loss, job.loss, drill.rto_s)
-        return None
-    except drill_ops.DrillFailure as exc:
-        return exc
-    except Exception as exc:  # noqa: BLE001 - an unexpected error is a failed drill, recorded as such
-        get_run_logger().exception("drill %s: unexpected error", spec.name)
-        return drill_ops.DrillFailure("setup", f"{type(exc).__name__}: {exc}")
-    finally:
-        if chosen is not None:
-            catalog.unpin(chosen.checkpoint_id, holder)
-        if scratch is not None:
-            drill_ops.remove_scratch(scratch)
-
-
 def _flow_run_id() -> str | None:
     from prefect.runtime import flow_run  # noqa: PLC0415
 
     value = flow_run.id
     return str(value) if value else None
-
-
-def _summary(name: str, drill: Drill) -> dict[str, Any]:
-    return {
-        "spec": name,
-        "drill_id": drill.id,
-        "run": drill.run,
-        "step": drill.step,
-        "tier": drill.tier,
-        "passed": drill.passed,
-        "verdict": "drill passed" if drill.passed else f"drill failed: {drill.reason}",
-        "reason": drill.reason,
-        "saved_world_size": drill.saved_world_size,
-        "world_size": drill.world_size,
-        "reference_loss": drill.reference_loss,
-        "drill_loss": drill.drill_loss,
-        "loss_delta": drill.loss_delta,
-        "tolerance": drill.tolerance,
-        "rto_s": None if drill.rto_s is None else round(drill.rto_s, 3),
-        "rto_objective_s": drill.rto_objective_s,
-        "phases": {k: round(v, 3) for k, v in drill.phases.items()},
-        "failed_expectations": list(drill.failed_expectations),
-    }
-
-
-def _artifact(name: str, summary: dict[str, Any], drill: Drill) -> None:
-    def show(value: Any) -> str:
-        return "-" if value is None else (f"{value:.9g}" if isinstance(value, float) else str(value))
-
-    rows = [
-        ("checkpoint", f"{drill.run} step {show(drill.step)} from {drill.tier}"),
-        ("world size", f"{show(drill.saved_world_size)} at save -> {drill.world_size} in the scratch job"),
-        ("reference loss (at save)", show(drill.reference_loss)),
-        ("loss after restore", show(drill.drill_loss)),
-        ("loss delta / tolerance", f"{show(drill.loss_delta)} / {drill.tolerance:g}"),
-        ("time to recover / objective", f"{show(summary['rto_s'])} s / {drill.rto_objective_s:.0f} s"),
-    ] + [(f"phase {k}", f"{v:.3f} s") for k, v in drill.phases.items()]
-    verdict = "**PASSED**" if drill.passed else f"**FAILED**: {drill.reason}"
-    lines = [f"# Recovery drill `{name}`: {verdict}", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in rows]
-    if drill.failed_expectations:
-        lines += ["", "## Failed quality-gate expectations", ""]
-        lines += [f"- {line}" for line in drill.failed_expectations]
-    create_markdown_artifact(
-        key=f"drill-{re.sub(r'[^a-z0-9-]', '-', name.lower())}",
-        markdown="\n".join(lines),
-        description=summary["verdict"],
-    )
