@@ -14,7 +14,6 @@ or a Dask cluster (see ``ckptflow.flows.runners``); catalog writes stay in this 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from ckptflow.flows.runners import batch_count, submit, task_runner_for
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica
 from ckptflow.tasks.part_ops import first_colder_tier
+from ckptflow.tasks.promote_ops import PromotionError, TierSteps, promote_to_tier
 from ckptflow.tasks.replica_tasks import (
     commit_replica,
     copy_batch,
@@ -39,65 +39,28 @@ from ckptflow.tasks.tiers import file_batches, load
 PROMOTE_THREADS = 8  # thread-pool size with task_runner: threads
 
 
-class PromotionError(RuntimeError):
-    """A replica could not be made and verified; the copy it was made from is untouched."""
+def _tier_steps(runner: TaskRunner[Any], config_path: str, run: str, step: int, source: str) -> TierSteps:
+    """The flow's tasks as :func:`promote_to_tier`'s steps: the batches spread over ``runner``."""
 
+    def copy_batches(tier: str, batches: list[list[str]]) -> list[dict[str, Any]]:
+        futures = [
+            submit(runner, copy_batch, config_path, run, step, tier, paths, i, source)
+            for i, paths in enumerate(batches)
+        ]
+        return [f.result() for f in futures]
 
-def _promote_to(
-    runner: TaskRunner[Any],
-    config_path: str,
-    run: str,
-    step: int,
-    tier: str,
-    source: str,
-    batches: list[list[str]],
-    checkpoint_id: int,
-) -> dict[str, Any]:
-    started = time.perf_counter()
-    # A manifest lookup (one stat or GET) decides whether there is anything to re-verify: a fresh
-    # tier, the common case, costs no task run and no verification pass.
-    present = replica_present.fn(config_path, run, step, tier)
-    if present:
-        existing = verify_replica(config_path, run, step, tier)
-    else:
-        existing = {"ok": False, "uri": load(config_path)[1][tier].uri(run, step)}
-    if existing["ok"]:
-        record_replica.fn(
-            config_path, checkpoint_id, tier, "ready", uri=existing["uri"], bytes=existing["bytes"]
-        )
-        return {
-            "tier": tier,
-            "action": "already verified",
-            "files": 0,
-            "bytes": 0,
-            "data_s": 0.0,
-            "seconds": round(time.perf_counter() - started, 3),
-            "uri": existing["uri"],
-        }
-    record_replica.fn(config_path, checkpoint_id, tier, "pending", uri=existing["uri"])
-    record_replica.fn(config_path, checkpoint_id, tier, "copying", uri=existing["uri"])
-    futures = [
-        submit(runner, copy_batch, config_path, run, step, tier, paths, i, source)
-        for i, paths in enumerate(batches)
-    ]
-    copied = [f.result() for f in futures]
-    uri = commit_replica(config_path, run, step, tier, source)
-    report = verify_replica(config_path, run, step, tier)
-    if not report["ok"]:
-        record_replica(
-            config_path, checkpoint_id, tier, "corrupt", uri=uri, reason="; ".join(report["problems"])
-        )
-        raise PromotionError(f"{tier} replica of {run} step {step} failed verification: {report['problems']}")
-    record_replica.fn(config_path, checkpoint_id, tier, "ready", uri=uri, bytes=report["bytes"])
-    return {
-        "tier": tier,
-        "action": "copied",
-        "files": sum(c["files"] for c in copied),
-        "bytes": sum(c["bytes"] for c in copied),
-        "data_s": round(max((c["seconds"] for c in copied), default=0.0), 3),
-        "seconds": round(time.perf_counter() - started, 3),
-        "uri": uri,
-    }
+    def record(*args: Any, **kwargs: Any) -> Any:
+        # A CORRUPT verdict is worth a task run in the UI; the other writes are milliseconds each.
+        return (record_replica if args[3] == "corrupt" else record_replica.fn)(*args, **kwargs)
+
+    return TierSteps(
+        present=replica_present.fn,
+        verify=verify_replica,
+        record=record,
+        copy_batches=copy_batches,
+        commit=commit_replica,
+        uri=lambda r, s, tier: load(config_path)[1][tier].uri(r, s),
+    )
 
 
 # Catalog writes are plain calls (.fn): a few milliseconds each, not worth a task run's overhead.
@@ -126,8 +89,9 @@ def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
         batches = file_batches(manifest, batch_count(config))
         with task_runner_for(config, threads=PROMOTE_THREADS) as runner:
             logger.info("%s step %d: %d batches on the %s task runner", run, step, len(batches), runner.name)
+            steps = _tier_steps(runner, config_path, run, step, source)
             for tier in colder:
-                row = _promote_to(runner, config_path, run, step, tier, source, batches, checkpoint_id)
+                row = promote_to_tier(config_path, run, step, tier, source, batches, checkpoint_id, steps)
                 logger.info(
                     "%s step %d -> %s: %s (%d files, %d bytes, %.2f s)",
                     run,

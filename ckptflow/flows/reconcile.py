@@ -18,12 +18,13 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from ckptflow.catalog import LIVE_STATES, STAGED_EVENT, Catalog, ReplicaState
+from ckptflow.catalog import STAGED_EVENT, Catalog, ReplicaState
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.promote import promote
 from ckptflow.tasks.catalog_tasks import record_replica
 from ckptflow.tasks.part_ops import first_colder_tier
 from ckptflow.tasks.part_tasks import repost_staged
+from ckptflow.tasks.reconcile_ops import missing_tiers, pending_promotions
 from ckptflow.tasks.replica_tasks import cleanup_tier, replica_present
 from ckptflow.tasks.retention_ops import reconcile_retention
 from ckptflow.tasks.tiers import load
@@ -50,16 +51,7 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
     catalog = Catalog.open(config.catalog)
     first = first_colder_tier(config)
     try:
-        live = [cp for cp in catalog.checkpoints() if cp.state in LIVE_STATES]
-        pending = sorted(
-            (
-                cp
-                for cp in live
-                if tiers[first].read_manifest(cp.run, cp.step) is not None
-                and any(tiers[t].read_manifest(cp.run, cp.step) is None for t in colder if t != first)
-            ),
-            key=lambda cp: -cp.step,
-        )
+        pending = pending_promotions(catalog.checkpoints(), tiers, first, colder)
         for cp in pending[:max_promotions_per_run]:
             try:
                 promote(cp.run, cp.step, config_path)
@@ -74,7 +66,7 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
         for event in catalog.undelivered_events(limit=1000):
             if event.kind != STAGED_EVENT:
                 continue
-            if all(tiers[t].read_manifest(event.run, event.step) is not None for t in colder):
+            if not missing_tiers(event.run, event.step, tiers, colder):
                 catalog.mark_delivered(event.id)
                 rows.append(
                     {"action": "outbox delivered", "run": event.run, "step": event.step, "detail": ""}
