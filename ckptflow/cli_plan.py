@@ -123,9 +123,17 @@ def _storage_table(s: StorageProjection) -> Table:
 def _budget_lines(s: StorageProjection, policy: Path) -> list[str]:
     lines = [
         f"simulated: {s.checkpoints:,} checkpoints ({s.steps_per_checkpoint:,} steps apart), each copied to "
-        f"{', '.join(s.tiers)}; planned by {policy} (sha256 {s.policy_hash[:16]}…). min-duration: copies "
-        "retention deletes, each billed its tier's minimum storage days."
+        f"{', '.join(s.tiers)} (a tier past the first colder one only if its rules keep it); planned by "
+        f"{policy} (sha256 {s.policy_hash[:16]}…). min-duration: copies retention deletes, each billed "
+        "its tier's minimum storage days."
     ]
+    for t in s.tiers.values():
+        if t.uploads_skipped_per_month > 0:
+            lines.append(
+                f"promotion skips {t.uploads_skipped_per_month:,.0f} {t.tier} copies a month that its rules "
+                f"would not keep: {_tb(round(t.upload_bytes_saved_per_month))} a month not uploaded, "
+                f"{_usd(t.min_storage_saved_usd_month)}/month of minimum-duration fees not paid"
+            )
     over = [
         (t.tier, t.usd_month, t.monthly_budget_usd)
         for t in s.tiers.values()

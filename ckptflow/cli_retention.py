@@ -65,6 +65,11 @@ def _print_plan(plan: object) -> None:
         f"total: {len(plan.deletions)} deletions, {_gb(plan.deleted_bytes)} freed, "  # type: ignore[attr-defined]
         f"${plan.before_usd_month:.2f}/month -> ${plan.after_usd_month:.2f}/month"  # type: ignore[attr-defined]
     )
+    for saving in plan.skipped.values():  # type: ignore[attr-defined]
+        typer.echo(
+            f"promotion skipped {saving.copies} {saving.tier} copies its rules would not keep: "
+            f"{_gb(saving.bytes)} not uploaded, ${saving.early_delete_usd:,.2f} early-deletion fees not paid"
+        )
     typer.echo(plan.message)  # type: ignore[attr-defined]
 
 

@@ -3,10 +3,11 @@
 The nodes' agents put a checkpoint on warm, each its own part (``promote-part``), and the one that
 completes it publishes it and emits ``ckptflow.checkpoint.published``; that event runs this flow on
 the pipeline's worker, which never reads a node's disk: verify the warm copy against its manifest
-(re-hash) and mark it READY, then for every colder tier copy it from warm (batches, multipart on S3
-with each file's manifest CRC supplied so S3 verifies the full object), confirm, manifest object
-last, and mark the replica READY. A rerun skips replicas that already verify and resumes interrupted
-copies. Runnable by hand for any run/step (``ckptflow promote``).
+(re-hash) and mark it READY, then for every colder tier whose retention rules keep the checkpoint
+(``ckptflow.tasks.admission``: the others are skipped, ``replica.skipped`` in the catalog) copy it
+from warm (batches, multipart on S3 with each file's manifest CRC supplied so S3 verifies the full
+object), confirm, manifest object last, and mark the replica READY. A rerun skips replicas that
+already verify and resumes interrupted copies. Runnable by hand for any run/step (``ckptflow promote``).
 
 The per-batch tasks run where ``ckptflow.yaml`` says (``prefect.task_runner``): threads of this process,
 or a Dask cluster (see ``ckptflow.flows.runners``); catalog writes stay in this process.
@@ -24,6 +25,7 @@ from prefect.task_runners import TaskRunner
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.runners import batch_count, submit, task_runner_for
 from ckptflow.storage.run_names import check_run_name
+from ckptflow.tasks.admission import decide_tiers
 from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica
 from ckptflow.tasks.part_ops import first_colder_tier
 from ckptflow.tasks.promote_ops import PromotionError, TierSteps, promote_to_tier
@@ -83,7 +85,12 @@ def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
         raise PromotionError(f"{source} copy of {run} step {step} is not usable: {detail}")
     record_replica.fn(config_path, checkpoint_id, source, "ready", uri=first["uri"], bytes=first["bytes"])
     rows = [{"tier": source, "action": "verified", "files": 0, "bytes": 0, "uri": first["uri"]}]
-    colder = config.tier_names()[config.tier_names().index(source) + 1 :]
+    colder, skipped = decide_tiers(
+        config_path, run, step, checkpoint_id, config.tier_names()[config.tier_names().index(source) + 1 :]
+    )
+    for skip in skipped:  # the retention policy would not keep it there: no upload, no early deletion
+        logger.info("%s step %d -> %s: skipped, %s", run, step, skip.tier, skip.reason)
+        rows.append({"tier": skip.tier, "action": "skipped", "files": 0, "bytes": 0, "reason": skip.reason})
     if colder:
         _, manifest = source_copy(config_path, run, step, source)
         batches = file_batches(manifest, batch_count(config))

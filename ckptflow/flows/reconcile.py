@@ -21,6 +21,7 @@ from prefect.artifacts import create_table_artifact
 from ckptflow.catalog import STAGED_EVENT, Catalog, ReplicaState
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.promote import promote
+from ckptflow.tasks.admission import PolicyWanted, policy_for
 from ckptflow.tasks.catalog_tasks import record_replica
 from ckptflow.tasks.part_ops import first_colder_tier
 from ckptflow.tasks.part_tasks import repost_staged
@@ -51,7 +52,14 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
     catalog = Catalog.open(config.catalog)
     first = first_colder_tier(config)
     try:
-        pending = pending_promotions(catalog.checkpoints(), tiers, first, colder)
+        policy_wants = PolicyWanted(catalog, policy_for(config_path)[0])
+
+        def wanted(run: str, step: int, tier: str) -> bool:
+            # The first colder tier always gets every part (the nodes' disks may vanish); colder
+            # tiers only what the retention policy keeps there: a skipped tier is not "missed".
+            return tier == first or policy_wants(run, step, tier)
+
+        pending = pending_promotions(catalog.checkpoints(), tiers, first, colder, wanted)
         for cp in pending[:max_promotions_per_run]:
             try:
                 promote(cp.run, cp.step, config_path)
@@ -66,7 +74,7 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
         for event in catalog.undelivered_events(limit=1000):
             if event.kind != STAGED_EVENT:
                 continue
-            if not missing_tiers(event.run, event.step, tiers, colder):
+            if not missing_tiers(event.run, event.step, tiers, colder, wanted):
                 catalog.mark_delivered(event.id)
                 rows.append(
                     {"action": "outbox delivered", "run": event.run, "step": event.step, "detail": ""}

@@ -31,7 +31,9 @@ and, under a retention policy, the monthly storage bill.
 
 **Storage model** (only with a policy): over ``days``, one checkpoint every ``τ + δ`` of wall time
 (an upper bound: failures slow the run), ``steps_per_checkpoint = round(τ / step_time_s)`` steps
-apart, each promoted to every tier the policy configures. That snapshot
+apart, each promoted to the hot tier and the first colder one, and to a colder tier only if that
+tier's rules admit it when it is promoted (:func:`ckptflow.policy.admission.admitted_in_order`: what
+the pipeline's promotion does). That snapshot
 (:func:`ckptflow.policy.synthetic.synthetic_snapshot`) goes through the real planner,
 :func:`ckptflow.policy.retention.plan_retention`, at the end of the window. Per tier:
 
@@ -39,7 +41,10 @@ apart, each promoted to every tier the policy configures. That snapshot
 - ``min_storage_usd_month``: the copies the plan deletes, per 30 days, each billed the tier's
   ``min_storage_days`` (retention runs often, so copies go young and pay the whole minimum; this is
   the same steady-state figure ``docs/retention_example.md`` computes);
-- ``keep_everything_usd_month``: every checkpoint of the window on the tier, nothing deleted.
+- ``keep_everything_usd_month``: every checkpoint of the window on the tier, nothing deleted;
+- ``uploads_skipped_per_month``, ``upload_bytes_saved_per_month``: the copies promotion does not make;
+  ``min_storage_saved_usd_month``: the minimum-duration charges those copies would have paid (the
+  same window planned with every checkpoint on every tier, less this one).
 
 Request fees (``put_per_1000``, ``delete_per_1000``) are left out: they depend on the number of
 objects per checkpoint, which a run description does not give.
@@ -157,6 +162,10 @@ class TierProjection:
     deleted_per_month: float
     min_storage_usd_month: float
     keep_everything_usd_month: float
+    # Promotion skips this tier for checkpoints its rules would not keep (policy.admission):
+    uploads_skipped_per_month: float = 0.0
+    upload_bytes_saved_per_month: float = 0.0
+    min_storage_saved_usd_month: float = 0.0  # vs promoting every checkpoint here and deleting it
 
     @property
     def usd_month(self) -> float:
@@ -194,6 +203,14 @@ class StorageProjection:
     @property
     def keep_everything_usd_month(self) -> float:
         return sum(t.keep_everything_usd_month for t in self.tiers.values())
+
+    @property
+    def upload_bytes_saved_per_month(self) -> float:
+        return sum(t.upload_bytes_saved_per_month for t in self.tiers.values())
+
+    @property
+    def min_storage_saved_usd_month(self) -> float:
+        return sum(t.min_storage_saved_usd_month for t in self.tiers.values())
 
     @property
     def within_budget(self) -> bool | None:
@@ -247,6 +264,8 @@ class Projection:
         if self.storage is not None:
             out["monthly_usd"] = round(self.storage.usd_month, 2)
             out["keep_everything_usd"] = round(self.storage.keep_everything_usd_month, 2)
+            out["upload_tb_saved_month"] = round(self.storage.upload_bytes_saved_per_month / 1e12, 3)
+            out["min_storage_saved_usd_month"] = round(self.storage.min_storage_saved_usd_month, 2)
             if self.storage.budget_usd_month is not None:
                 out["budget_usd"] = round(self.storage.budget_usd_month, 2)
             within = self.storage.within_budget
@@ -323,7 +342,7 @@ def project_storage(
     steps_per_checkpoint = max(1, round(interval_s / run.step_time_s))
     nbytes = max(1, round(run.checkpoint_bytes))
     configured = policy.tiers.items()
-    snapshot = synthetic_snapshot(
+    every = synthetic_snapshot(
         run="projection",
         checkpoints=checkpoints,
         checkpoint_bytes=nbytes,
@@ -332,14 +351,19 @@ def project_storage(
         now=_PROJECTION_NOW,
         holds={name: None for name, _ in configured},
     )
-    plan = plan_retention(snapshot, policy, _PROJECTION_NOW)
+    skippable = skippable_tiers(policy)
+    snapshot = _promoted_only_where_kept(every, policy, skippable)
+    plan = plan_retention(snapshot, policy, _PROJECTION_NOW, skippable)
+    plan_every = plan_retention(every, policy, _PROJECTION_NOW) if skippable else plan
     per_month = DAYS_PER_MONTH / run.days
     tiers: dict[str, TierProjection] = {}
     for name, config in configured:
-        cost = plan.tiers[name]
+        cost, cost_every = plan.tiers[name], plan_every.tiers[name]
         price = config.price
         deleted_per_month = (cost.replicas_before - cost.replicas_after) * per_month
         per_copy = nbytes / 1e9 * price.per_gb_month * price.min_storage_days / DAYS_PER_MONTH
+        deleted_every = (cost_every.replicas_before - cost_every.replicas_after) * per_month
+        skipped_per_month = (cost_every.replicas_before - cost.replicas_before) * per_month
         tiers[name] = TierProjection(
             tier=name,
             per_gb_month=price.per_gb_month,
@@ -350,7 +374,10 @@ def project_storage(
             storage_usd_month=cost.after_usd_month,
             deleted_per_month=deleted_per_month,
             min_storage_usd_month=deleted_per_month * per_copy,
-            keep_everything_usd_month=cost.before_usd_month,
+            keep_everything_usd_month=cost_every.before_usd_month,
+            uploads_skipped_per_month=skipped_per_month,
+            upload_bytes_saved_per_month=skipped_per_month * nbytes,
+            min_storage_saved_usd_month=(deleted_every - deleted_per_month) * per_copy,
         )
     return StorageProjection(
         days=run.days,
@@ -361,3 +388,32 @@ def project_storage(
         plan_message=plan.message,
         policy_hash=policy_hash(policy),
     )
+
+
+def skippable_tiers(policy: RetentionPolicy) -> list[str]:
+    """The tiers of ``policy`` a promotion may skip: colder than the first one colder than hot (that
+    one gets every checkpoint, as the pipeline's first colder tier does)."""
+    from ckptflow.policy.config import TIER_ORDER  # noqa: PLC0415
+
+    colder = [t for t in TIER_ORDER if policy.tiers.get(t) is not None and t != "hot"]
+    return colder[1:]
+
+
+def _promoted_only_where_kept(every: Any, policy: RetentionPolicy, skippable: list[str]) -> Any:
+    """``every`` (each checkpoint on every tier) less the copies promotion skips: on each skippable
+    tier, the checkpoints its rules do not admit when promoted (policy.admission.admitted_in_order)."""
+    from ckptflow.policy.admission import admitted_in_order  # noqa: PLC0415
+    from ckptflow.policy.retention_rules import compile_rule  # noqa: PLC0415
+
+    keep = None
+    for tier in skippable:
+        on = (every["tier"] == tier).to_numpy()
+        rows = every.loc[on].sort_values("step")
+        rules = [compile_rule(spec) for spec in policy.tiers.get(tier).rules]  # type: ignore[union-attr]
+        admitted = admitted_in_order(
+            rules, rows["step"].tolist(), rows["tags"].tolist(), {"loss": rows["metric_loss"].tolist()}
+        )
+        drop = rows.index[[not a for a in admitted]]
+        mask = ~every.index.isin(drop)
+        keep = mask if keep is None else keep & mask
+    return every if keep is None else every.loc[keep].reset_index(drop=True)

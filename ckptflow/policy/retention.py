@@ -28,7 +28,11 @@ replica.
    copy left as the last one would be held by F3 forever).
  - F3: a replica on a tier hotter than the policy's coldest tier is kept unless a colder tier holds a
    verified replica of that checkpoint (in the snapshot), or the tier sets
-   ``delete_without_colder_copy: true``. The coldest configured tier is the archive: its rules decide.
+   ``delete_without_colder_copy: true``, or no colder configured tier is meant to hold it: each of them
+   is in ``skippable`` (tiers promotion skips when their rules would not keep a checkpoint,
+   :mod:`ckptflow.policy.admission`), no rule of it selects the checkpoint, and the checkpoint is
+   not pinned. Then the hotter copy stays for as long as its own tier's rules and the other floors
+   say, not forever. The coldest configured tier is the archive: its rules decide.
  - F4: per run, the newest verified checkpoint older than ``sdc_detection_window``
    (``now - created_at > window``) keeps its anchor: silent corruption may be found late. So does the
    oldest verified checkpoint inside the window, the one that crosses it next: without it, rules that
@@ -59,8 +63,8 @@ in the plan's per-tier table at $0 (their price is not known here).
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -68,6 +72,7 @@ import numpy as np
 import pandas as pd
 
 from ckptflow.policy.config import TIER_ORDER
+from ckptflow.policy.promotion_savings import SkipSavings, promotion_savings
 from ckptflow.policy.retention_rules import (
     BestN,
     CheckpointInfo,
@@ -153,6 +158,8 @@ class RetentionPlan:
     protected: dict[str, int]  # replicas each floor protects (a replica may count under several)
     policy_hash: str
     now: datetime
+    # Per tier promotion may skip: the copies it did not make and the fees not paid (promotion_savings).
+    skipped: dict[str, SkipSavings] = field(default_factory=dict)
 
     @property
     def deleted_bytes(self) -> int:
@@ -297,8 +304,11 @@ _HELD_BY = (
 )
 
 
-def plan_retention(snapshot: pd.DataFrame, policy: RetentionPolicy, now: datetime) -> RetentionPlan:
-    """What to delete under ``policy`` at ``now`` (tz-aware); see the module docstring for the rules."""
+def plan_retention(
+    snapshot: pd.DataFrame, policy: RetentionPolicy, now: datetime, skippable: Collection[str] = ()
+) -> RetentionPlan:
+    """What to delete under ``policy`` at ``now`` (tz-aware); see the module docstring for the rules.
+    ``skippable``: the tiers promotion skips when their rules would not keep a checkpoint (F3)."""
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware, e.g. datetime.now(timezone.utc)")
     now_ts = pd.Timestamp(now).tz_convert("UTC")
@@ -342,13 +352,25 @@ def plan_retention(snapshot: pd.DataFrame, policy: RetentionPolicy, now: datetim
     for t in range(len(TIER_ORDER)):
         coldest_copy[rows.ck[rows.verified & (rows.tier == t)]] = t
     held = selected | newest | sdc | pinned_ck
+    # wanted_colder[t, ck]: a configured tier colder than t is meant to hold ck: promotion never skips
+    # it, or one of its rules selects ck (F3 keeps a hotter copy only until such a copy exists).
+    skip = np.array([name in skippable for name in TIER_ORDER])
+    wanted_colder = np.zeros((len(TIER_ORDER), rows.n_ck), dtype=bool)
+    for t in range(len(TIER_ORDER) - 2, -1, -1):
+        meant = (~skip[t + 1] | (first_rule[t + 1] >= 0)) if configs[t + 1] is not None else False
+        wanted_colder[t] = wanted_colder[t + 1] | meant
 
     # Replica-level floors.
     anchor = rows.verified & (rows.tier == coldest_copy[rows.ck])
     override = np.array([bool(cfg and cfg.delete_without_colder_copy) for cfg in configs])
     f1 = newest[rows.ck]
     f2 = anchor & selected[rows.ck]
-    f3 = (rows.tier < coldest) & ~override[rows.tier] & (coldest_copy[rows.ck] <= rows.tier)
+    f3 = (
+        (rows.tier < coldest)
+        & ~override[rows.tier]
+        & (coldest_copy[rows.ck] <= rows.tier)
+        & (wanted_colder[rows.tier, rows.ck] | pinned_ck[rows.ck])
+    )
     f4 = anchor & sdc[rows.ck]
     f5 = rows.pinned | (anchor & pinned_ck[rows.ck])
     managed = rows.verified & configured[rows.tier]
@@ -432,6 +454,14 @@ def plan_retention(snapshot: pd.DataFrame, policy: RetentionPolicy, now: datetim
     )
     if early_total > 0:
         summary += f"; one-off early-deletion and request fees {_usd(early_total)}"
+    skipped = promotion_savings(snapshot, policy, now, skippable) if skippable else {}
+    for saving in skipped.values():
+        if saving.copies:
+            summary += (
+                f"; promotion skipped {saving.copies:,} {saving.tier} copies no {saving.tier} rule keeps "
+                f"({saving.bytes / 1e12:,.3f} TB not uploaded, early-deletion fees not paid "
+                f"{_usd(saving.early_delete_usd)})"
+            )
     protected = {
         "F1": int((f1 & managed).sum()),
         "F2": int((f2 & managed).sum()),
@@ -452,6 +482,7 @@ def plan_retention(snapshot: pd.DataFrame, policy: RetentionPolicy, now: datetim
         protected=protected,
         policy_hash=policy_hash(policy),
         now=now,
+        skipped=skipped,
     )
 
 

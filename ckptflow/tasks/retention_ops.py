@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptflow.catalog import AuditFacts, Catalog, DeletionPhase, ReplicaState
 from ckptflow.catalog.models import utcnow
+from ckptflow.policy.config import CkptflowConfig
 from ckptflow.policy.retention_schema import RetentionPolicy, load_retention_policy, policy_hash
 from ckptflow.storage.manifest import MANIFEST_NAME, ManifestError, parse_manifest, read_manifest
 from ckptflow.storage.tier import Tier, TierError
@@ -99,7 +100,18 @@ def plan_now(
     finally:
         if own:
             cat.dispose()
-    return plan_retention(snapshot, policy, now), snapshot
+    return plan_retention(snapshot, policy, now, skippable_tiers(config)), snapshot
+
+
+def skippable_tiers(config: CkptflowConfig) -> list[str]:
+    """The tiers promotion skips when their retention rules would not keep a checkpoint: those
+    colder than the first colder tier (that one gets every checkpoint: the nodes' disks may vanish)."""
+    from ckptflow.tasks.part_ops import first_colder_tier  # noqa: PLC0415
+
+    names = config.tier_names()
+    if len(names) < 2:
+        return []
+    return names[names.index(first_colder_tier(config)) + 1 :]
 
 
 def _manifest_save_id(tier: Tier, uri: str) -> str | None:

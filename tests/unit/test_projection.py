@@ -190,8 +190,10 @@ def test_seed_storage_under_the_shipped_policy(seed_with_policy):
     assert s.steps_per_checkpoint == round(seed_with_policy.interval_s / 6.0)  # 9
     assert list(s.tiers) == ["hot", "warm", "cold"]
     assert s.tiers["hot"].replicas_kept == 2  # keep_last: 2
-    assert s.tiers["warm"].replicas_kept == 6  # keep_last: 6
-    assert s.tiers["warm"].storage_usd_month == pytest.approx(6 * 500 * 0.03)
+    # keep_last: 6, and the two SDC-window restore points (F4): their anchor is warm, since
+    # promotion skipped cold for them (no cold rule keeps them)
+    assert s.tiers["warm"].replicas_kept == 8
+    assert s.tiers["warm"].storage_usd_month == pytest.approx(8 * 500 * 0.03)
     assert s.tiers["cold"].storage_usd_month == pytest.approx(s.tiers["cold"].replicas_kept * 500 * 0.004)
     assert 0 < s.usd_month < s.keep_everything_usd_month
     # every checkpoint of the window on warm and cold, nothing deleted
@@ -201,6 +203,15 @@ def test_seed_storage_under_the_shipped_policy(seed_with_policy):
     assert cold.min_storage_usd_month == pytest.approx(cold.deleted_per_month * 500 * 0.004 * 90 / 30)
     assert s.min_storage_usd_month > 10 * s.storage_usd_month
     assert s.budget_usd_month == 5000.0 and s.within_budget is False
+    # Promotion skips cold for what its rules would not keep: of 46,019 checkpoints cold gets only
+    # the ones keep_every or keep_best admit; each skipped copy saves its upload and 90 days of fees.
+    assert s.tiers["hot"].uploads_skipped_per_month == s.tiers["warm"].uploads_skipped_per_month == 0
+    assert cold.uploads_skipped_per_month > 0.9 * s.checkpoints
+    assert cold.upload_bytes_saved_per_month == pytest.approx(cold.uploads_skipped_per_month * 500 * GB)
+    assert cold.min_storage_saved_usd_month == pytest.approx(
+        cold.uploads_skipped_per_month * 500 * 0.004 * 90 / 30, rel=0.01
+    )
+    assert cold.min_storage_saved_usd_month > 30 * cold.min_storage_usd_month
 
 
 def test_storage_without_minimum_duration_fits_the_budget(policy: RetentionPolicy):
