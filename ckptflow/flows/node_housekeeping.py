@@ -7,7 +7,10 @@ On a schedule, on every node (nothing here reads another node's disk):
   ``promote.stale_partial_age_s``) and interrupted deletes finished;
 - parts this node holds of checkpoints that are not yet published on the first colder tier are
   promoted (the event-driven ``promote-part`` run was missed: Prefect down, the agent restarting),
-  a bounded number per run.
+  a bounded number per run;
+- hot-tier retention deletes this node's own parts of what ``retention.yaml`` lets go, never the
+  node's newest complete checkpoint nor a part warm does not show published
+  (:mod:`ckptflow.tasks.node_retention`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.promote_part import promote_part
 from ckptflow.storage import layout
 from ckptflow.storage.run_names import check_run_name
+from ckptflow.tasks.node_retention import node_hot_retention
 from ckptflow.tasks.part_ops import first_colder_tier, this_host
 from ckptflow.tasks.tiers import load
 
@@ -79,6 +83,13 @@ def node_housekeeping(
                     rows.append({"action": "promotion failed", "run": run, "step": step, "detail": str(exc)})
     finally:
         catalog.dispose()
+    try:  # hot-tier retention of this node's own parts, floors per node (tasks/node_retention.py)
+        for row in node_hot_retention(config_path, host):
+            if row["action"] != "hot retention off":
+                rows.append({**row, "action": f"hot retention: {row['action']}"})
+    except Exception as exc:  # noqa: BLE001 - reported in the artifact; promotion above is done
+        logger.error("hot-tier retention on node %s failed: %s", host, exc)
+        rows.append({"action": "hot retention failed", "run": "", "step": None, "detail": str(exc)})
     create_table_artifact(
         key=f"housekeeping-{''.join(c if c.isalnum() else '-' for c in host.lower())}",
         table=rows or [{"action": "nothing to do", "run": "", "step": None, "detail": ""}],
