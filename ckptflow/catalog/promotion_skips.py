@@ -53,3 +53,15 @@ def pinned_checkpoints(catalog: Catalog, checkpoint_ids: list[int]) -> set[int]:
             )
         )
         return {p.checkpoint_id for p in pins}
+
+
+def skipped_tiers(
+    catalog: Catalog, run: str | None = None, limit: int = 100_000
+) -> set[tuple[str, int, str]]:
+    """(run, step, tier) of every tier promotion skipped (from the event log), of ``run`` or all."""
+    with catalog.read_session() as session:
+        stmt = select(CatalogEvent).where(CatalogEvent.kind == SKIPPED_EVENT)
+        if run is not None:
+            stmt = stmt.where(CatalogEvent.run == run)
+        events = session.exec(stmt.order_by(col(CatalogEvent.id).desc()).limit(limit))
+        return {(e.run, int(e.step), str(e.detail.get("tier"))) for e in events if e.step is not None}

@@ -12,6 +12,7 @@ policy's (overall and per tier).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 from ckptflow.catalog import Catalog, Drill
 from ckptflow.catalog.models import LIVE_STATES
+from ckptflow.catalog.promotion_skips import skipped_tiers
 from ckptflow.policy.config import load_config
 from ckptflow.policy.retention_schema import RetentionPolicy, load_retention_policy
 from ckptflow.tasks.cost_ops import cost_now
@@ -52,7 +54,8 @@ class RunStatus:
     run: str
     latest_committed: int | None
     latest_ready: dict[str, int | None]  # configured tier -> newest live step READY there
-    pending: dict[str, list[int]]  # warm/cold -> live steps owed a copy there, newest first
+    # warm/cold -> live steps owed a copy there, newest first (not a tier promotion skipped by policy)
+    pending: dict[str, list[int]]
     undelivered_events: int
     last_drill: DrillVerdict | None
     bytes_held: int
@@ -129,9 +132,11 @@ def run_statuses(
     for row in _replica_rows(catalog):
         replicas[row["run"]].append(row)
     events = Counter(e.run for e in catalog.undelivered_events(limit=_OUTBOX_SCAN))
+    skipped = skipped_tiers(catalog, run)  # the retention policy said no: not owed a copy
     names = sorted(set(live) | ({run} if run is not None else set()))
     return [
-        _run_status(catalog, name, live[name], replicas[name], events[name], tiers, prices) for name in names
+        _run_status(catalog, name, live[name], replicas[name], events[name], tiers, prices, skipped)
+        for name in names
     ]
 
 
@@ -143,6 +148,7 @@ def _run_status(
     undelivered: int,
     tiers: list[str],
     prices: dict[str, float],
+    skipped: Collection[tuple[str, int, str]] = (),
 ) -> RunStatus:
     state = {(r["step"], r["tier"]): r["replica_state"] for r in replicas if r["checkpoint_state"] in _LIVE}
     ready = {
@@ -153,7 +159,13 @@ def _run_status(
         tier: steps
         for tier in PROMOTED_TIERS
         if tier in tiers
-        and (steps := [s for s in live if state.get((s, tier)) not in SETTLED_REPLICA_STATES])
+        and (
+            steps := [
+                s
+                for s in live
+                if state.get((s, tier)) not in SETTLED_REPLICA_STATES and (run, s, tier) not in skipped
+            ]
+        )
     }
     held = [r for r in replicas if r["replica_state"] not in NO_STORAGE_STATES and r["tier"] in prices]
     drills = catalog.drills(run, limit=1)
