@@ -8,6 +8,10 @@ completed the tier's copy, publishes it (manifest last) and emits ``ckptflow.che
 which starts the central ``promote`` (verify warm, then cold from warm). A node that is not the last
 leaves the tier's replica COPYING with the nodes it is waiting for named; nothing incomplete is ever
 published. Reads only this node's own hot root.
+
+Its row reports ``seconds`` (the flow body's wall time) and ``data_s`` / ``data_phases``: the time
+spent inside the data-moving calls (re-hash, copy, publish; :mod:`ckptflow.tasks.data_time`), so
+a caller can tell this run's orchestration cost (its wall time minus ``data_s``) from the data's.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.runners import batch_count, submit, task_runner_for
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica
+from ckptflow.tasks.data_time import DataTime
 from ckptflow.tasks.part_ops import NotOnThisNode, first_colder_tier, node_holding, plan_part, this_host
 from ckptflow.tasks.part_tasks import announce_published, holding_summary, record_holding
 from ckptflow.tasks.replica_tasks import commit_replica, copy_batch, verify_hot_batch
@@ -45,6 +50,7 @@ def promote_part(run: str, step: int, config_path: str, node: str | None = None)
     target = first_colder_tier(config)
     tier = tiers[target]
     row: dict[str, Any] = {"run": run, "step": step, "node": host, "tier": target, "files": 0, "bytes": 0}
+    data = DataTime()
     if tier.read_manifest(run, step) is not None:
         logger.info("%s step %d is already published on %s", run, step, target)
         return {**row, "action": "already published", "seconds": round(time.perf_counter() - started, 3)}
@@ -58,7 +64,9 @@ def promote_part(run: str, step: int, config_path: str, node: str | None = None)
     batches = batches_of(holding.manifest, plan.to_copy, batch_count(config))
     with task_runner_for(config, threads=PART_THREADS) as runner:
         checks = [submit(runner, verify_hot_batch, config_path, run, step, b) for b in batches]
-        problems = [p for f in checks for p in f.result()]
+        verified = [f.result() for f in checks]
+        data.add_parallel("verify", (v["seconds"] for v in verified))
+        problems = [p for v in verified for p in v["problems"]]
         if problems:
             raise PartPromotionError(f"node {host}: its copy of {run} step {step} is damaged: {problems[:5]}")
         record_replica.fn(config_path, checkpoint_id, target, "pending", uri=tier.uri(run, step))
@@ -70,6 +78,7 @@ def promote_part(run: str, step: int, config_path: str, node: str | None = None)
                 for i, b in enumerate(batches)
             ]
         ]
+        data.add_parallel("copy", (c["seconds"] for c in copied))
     parts = record_holding.fn(config_path, run, step, host, holding)
     row.update(
         files=sum(c["files"] for c in copied),
@@ -87,11 +96,19 @@ def promote_part(run: str, step: int, config_path: str, node: str | None = None)
         logger.info("%s step %d: node %s copied its part to %s; %s", run, step, host, target, reason)
         return {
             **row,
+            **data.as_row(),
             "action": "part copied",
             "waiting_for": who,
             "seconds": round(time.perf_counter() - started, 3),
         }
-    uri = commit_replica.fn(config_path, run, step, target)
+    with data.measure("commit"):
+        uri = commit_replica.fn(config_path, run, step, target)
     announce_published(run, step, target, host)
     logger.info("%s step %d: node %s completed and published it on %s (%s)", run, step, host, target, uri)
-    return {**row, "action": "published", "uri": uri, "seconds": round(time.perf_counter() - started, 3)}
+    return {
+        **row,
+        **data.as_row(),
+        "action": "published",
+        "uri": uri,
+        "seconds": round(time.perf_counter() - started, 3),
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,15 @@ def source_copy(config_path: str, run: str, step: int, source: str) -> tuple[Pat
 
 
 @task(cache_policy=NO_CACHE)
-def verify_hot_batch(config_path: str, run: str, step: int, paths: list[str]) -> list[str]:
-    """Re-hash a batch of the hot copy's files against the manifest; return the problems found."""
+def verify_hot_batch(config_path: str, run: str, step: int, paths: list[str]) -> dict[str, Any]:
+    """Re-hash a batch of the hot copy's files against the manifest: ``problems`` found, and
+    ``seconds`` spent re-hashing (data time, see :mod:`ckptflow.tasks.data_time`)."""
     directory, manifest = hot_manifest(config_path, run, step)
     wanted = set(paths)
     entries = [e for e in manifest.files if e.path in wanted]
-    return [str(p) for p in verify_files(directory, entries, progress=progress.sink())]
+    start = time.perf_counter()
+    problems = [str(p) for p in verify_files(directory, entries, progress=progress.sink())]
+    return {"problems": problems, "seconds": time.perf_counter() - start}
 
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)

@@ -290,6 +290,9 @@ def test_the_default_thread_pool_still_promotes_and_scrubs(tmp_path: Path, prefe
     manifest = _write_committed_checkpoint(tmp_path / "hot", catalog_url)
     row = promote_part(RUN, STEP, str(config_path))
     assert (row["tier"], row["action"], row["bytes"]) == ("warm", "published", manifest.total_bytes)
+    # Its data time is measured inside the run, by phase, and is part of its wall time.
+    assert set(row["data_phases"]) == {"verify", "copy", "commit"}
+    assert 0 < row["data_s"] <= row["seconds"]
     assert [r["action"] for r in promote(RUN, STEP, str(config_path))] == ["verified"]
     assert _replica_states(catalog_url) == {"hot": ReplicaState.READY, "warm": ReplicaState.READY}
     assert [(r["tier"], r["verdict"]) for r in scrub(str(config_path))] == [("warm", "ok")]
