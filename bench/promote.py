@@ -1,8 +1,10 @@
 """What promoting a checkpoint costs: ckptflow's tier hops against plain baselines, in one run.
 
     .venv/bin/python bench/promote.py            # 1,024 x 1 MiB warm, 256 x 1 MiB S3, 1,024 x 1 MiB flow
+    .venv/bin/python bench/promote.py --nodes 2  # the flow on two nodes' parts (512 files each)
     .venv/bin/python bench/promote.py --flow-mib 64   # the flow on 1,024 x 64 KiB (per-file costs dominate)
-    .venv/bin/python bench/promote.py --quick    # smoke run, about a minute (see --help)
+    .venv/bin/python bench/promote.py --quick    # smoke run, about two minutes (see --help)
+    .venv/bin/python bench/promote.py --only-flow --nodes 2   # part 3 only (no S3)
     .venv/bin/python bench/promote.py --files 16 --mib 1024   # few big files (4 x 64 MiB to S3)
 
 Three measurements, each on a synthetic checkpoint with a real manifest (CRC64NVME per file),
@@ -12,26 +14,30 @@ under ``--dir`` (removed at the end, servers stopped by pid, even on failure):
    durable before the manifest is written last, atomic rename) against ``shutil.copyfile`` of
    every file, single thread, no fsync (the target's baseline). For context, the same copy made
    durable (``syncfs``, as PosixTier.put does) is timed too and printed as
-   ``warm_vs_durable_copy``. Both read the source from the page cache (nothing is dropped from it);
+   ``put_vs_durable_copy``. Both read the source from the page cache (nothing is dropped from it);
    dirty pages are flushed (``os.sync``) between attempts, outside the timings,
    so no attempt pays for another's writeback. Alternated A B / B A, median of ``--repeats``.
 2. hot -> S3 (a real SeaweedFS, auth on): ``S3Tier.put`` (parallel, each file's manifest CRC64NVME
    sent as a full-object checksum the server verifies, then proven by HeadObject, manifest last)
    against boto3 ``upload_file`` of every file, one after another, with the default
    ``TransferConfig``. Same bytes, one pre-created bucket, a fresh prefix per attempt.
-3. The ``promote`` flow (hot -> warm -> cold, every hop verified, catalog updated) run against a
-   real Prefect server, against the same tier operations called directly without Prefect (hot
-   verify, warm put + verify, cold put + verify) on fresh targets. Overhead = flow wall - direct
-   wall; task runs are counted through the Prefect API. One untimed warm-up flow run on a small
-   checkpoint first (a new Prefect server is slow on each route's first request), and each
-   attempt writes a new SQLite catalog, whose schema creation the flow pays inside its timing.
+3. The promotion to warm as the pipeline runs it (``bench/promote_parts.py``): the checkpoint split
+   into ``--nodes`` nodes' parts, each node's own hot root; at the decision one ``promote-part``
+   flow run per node (real Prefect server) copies its part to warm, and warm is published once.
+   Overhead is measured inside each flow run: its wall time minus the seconds it spent in its
+   data-moving calls (which the flow returns, ``data_s``), ``overhead_frac`` = overhead / data time;
+   ``warm_vs_durable_copy`` = its data throughput against a plain durable copy (copyfile + syncfs +
+   fsync) of the same bytes in the same attempt; ``staged_to_warm_s`` = decision to warm published.
+   Median and spread of ``--flow-repeats`` (5) attempts; then, with S3, the central ``promote``
+   (verify warm, warm -> cold) runs once on the published copy, for context.
 
 ``--quick`` boots the Prefect server in the background while hops 1 and 2 run (they share the CPU
 with it, so its ratios are indicative only); a full run measures each part alone.
 
 Absolute numbers are noisy on a shared 2-core machine; the ratios, measured side by side, are the
-result. The last line is machine-readable:
-``warm_vs_copy=... cold_vs_boto3=... overhead_frac=... task_runs=...``.
+result. The last line is machine-readable: ``warm_vs_copy=... cold_vs_boto3=...
+put_vs_durable_copy=... warm_vs_durable_copy=... overhead_frac=... staged_to_warm_s=...
+overhead_spread=MIN..MAX nodes=N part_task_runs=...`` (the first three only without ``--only-flow``).
 """
 
 from __future__ import annotations
@@ -40,8 +46,6 @@ import argparse
 import contextlib
 import logging
 import os
-import random
-import secrets
 import shutil
 import signal
 import statistics
@@ -51,27 +55,35 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
+from promote_parts import (
+    RUN,
+    STEP,
+    MiB,
+    NodeStack,
+    bench_parts,
+    make_checkpoint,
+    print_parts_report,
+    settle,
+    timed,
+)
 
 from ckptflow.services.prefect_server import PrefectServer, ensure_auth_file, free_port, server_env
 from ckptflow.services.seaweed import CREDENTIALS_NAME, SeaweedServer
-from ckptflow.storage import checksums
-from ckptflow.storage.atomic import syncfs, write_file_atomic
-from ckptflow.storage.from_config import build_tiers
-from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest
+from ckptflow.storage.atomic import syncfs
+from ckptflow.storage.manifest import MANIFEST_NAME, Manifest
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.s3_tier import S3Tier
-from ckptflow.storage.verify import verify_files
 
-MiB = 1 << 20
-RUN = "bench-run"
-STEP = 1000
 BUCKET = "bench-promote"
-TARGETS = {"warm_vs_copy": (">=", 0.9), "cold_vs_boto3": (">=", 1.0), "overhead_frac": ("<=", 0.10)}
+TARGETS = {
+    "warm_vs_copy": (">=", 0.9),
+    "cold_vs_boto3": (">=", 1.0),
+    "warm_vs_durable_copy": (">=", 0.9),
+    "overhead_frac": ("<=", 0.10),
+}
 
 
 # ------------------------------------------------------------------------------- scaffolding
@@ -106,19 +118,6 @@ class Clock:
 
     def say(self, what: str) -> None:
         print(f"[{time.perf_counter() - self.start:6.1f} s] {what}", flush=True)
-
-
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - start, result
-
-
-def settle(*paths: Path) -> None:
-    """Remove an attempt's output and flush dirty pages, outside every timing."""
-    for path in paths:
-        shutil.rmtree(path, ignore_errors=True)
-    os.sync()
 
 
 @dataclass
@@ -163,43 +162,6 @@ def run_ab(
             ab.pool_full[label] += POOL_FULL.take()
             clock.say(f"  {label}: {seconds:.3f} s ({ab.nbytes / seconds / MiB:.0f} MiB/s)")
     return ab
-
-
-# ---------------------------------------------------------------------------- the checkpoint
-def make_checkpoint(directory: Path, files: int, total_bytes: int, seed: int) -> Manifest:
-    """``files`` files of equal size (total ``total_bytes``) with a real manifest written last."""
-    if files < 1 or total_bytes < files:
-        raise ValueError(f"need at least 1 byte per file (files={files}, bytes={total_bytes})")
-    directory.mkdir(parents=True)
-    pool = random.Random(seed).randbytes(min(total_bytes, 64 * MiB) + 4096)
-    view = memoryview(pool)
-    span = len(pool) - 4096
-    entries = []
-    for i in range(files):
-        size = total_bytes // files + (1 if i < total_bytes % files else 0)
-        name = f"__{i}_0.distcp"
-        crc, done, offset = 0, 0, (i * 4099) % span  # a different byte stream per file
-        with open(directory / name, "wb", buffering=0) as f:
-            while done < size:
-                chunk = view[offset : offset + min(size - done, span - offset, 8 * MiB)]
-                if f.write(chunk) != len(chunk):
-                    raise OSError(f"short write to {directory / name}")
-                crc = checksums.crc64nvme(chunk, crc)
-                done += len(chunk)
-                offset = (offset + len(chunk)) % span
-        entries.append(FileEntry(name, size, checksums.encode(crc)))
-    manifest = Manifest(
-        run=RUN,
-        step=STEP,
-        world_size=1,
-        save_id=f"bench{secrets.token_hex(4)}",
-        files=tuple(entries),
-        created_at=datetime.now(UTC).isoformat(),
-        versions={"bench": "promote"},
-    )
-    write_file_atomic(directory / MANIFEST_NAME, manifest.to_json())
-    os.sync()  # its writeback must not land inside the first timing
-    return manifest
 
 
 # --------------------------------------------------------------------------- 1. hot -> warm
@@ -304,144 +266,42 @@ def bench_s3(src: Path, manifest: Manifest, server: SeaweedServer, repeats: int,
     return run_ab(ab, repeats, baseline, ours, clock)
 
 
-# -------------------------------------------------------------------- 3. the promote flow
-def write_config(directory: Path, hot_root: Path, label: str, server: SeaweedServer, api_url: str) -> Path:
-    """A ckptflow.yaml like ``services.stack.write_config``, with this attempt's own targets."""
-    config = {
-        "catalog": f"sqlite:///{directory / f'catalog-{label}.db'}",
-        "prefect": {"api_url": api_url, "emit_timeout_s": 5.0},
-        "tiers": {
-            "hot": {"kind": "posix", "root": str(hot_root), "price_per_gb_month": 0.0},
-            "warm": {"kind": "posix", "root": str(directory / f"warm-{label}"), "price_per_gb_month": 0.03},
-            "cold": {
-                "kind": "s3",
-                "bucket": BUCKET,
-                "prefix": f"runs-{label}",
-                "endpoint_url": server.endpoint_url,
-                "region": "us-east-1",
-                "credentials_file": str(server.data_dir / CREDENTIALS_NAME),
-                "price_per_gb_month": 0.023,
-                "part_size_mib": 8,
-            },
-        },
-        "promote": {"workers": 4, "stale_upload_age_s": 3600, "stale_partial_age_s": 3600},
-    }
-    path = directory / f"ckptflow-{label}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+def cold_config(server: SeaweedServer) -> Callable[[str], dict[str, Any]]:
+    """The cold tier of a ckptflow.yaml on this SeaweedFS, a prefix per label."""
+
+    def tier(label: str) -> dict[str, Any]:
+        return {
+            "kind": "s3",
+            "bucket": BUCKET,
+            "prefix": f"runs-{label}",
+            "endpoint_url": server.endpoint_url,
+            "region": "us-east-1",
+            "credentials_file": str(server.data_dir / CREDENTIALS_NAME),
+            "price_per_gb_month": 0.023,
+            "part_size_mib": 8,
+        }
+
+    return tier
 
 
-def direct_promote(config_path: Path, src: Path, manifest: Manifest) -> dict[str, float]:
-    """The flow's data work without Prefect or catalog: hot verify, then put + verify per tier."""
-    from ckptflow.policy.config import load_config
+def bench_hops(args: argparse.Namespace, scratch: Path, clock: Clock) -> tuple[AB, AB, SeaweedServer]:
+    """Parts 1 and 2: hot -> warm and hot -> S3 against their baselines; SeaweedFS left running."""
+    clock.say(f"hot -> warm: writing {args.files} files, {args.mib:g} MiB")
+    src = scratch / "src-warm"
+    manifest = make_checkpoint([src], args.files, int(args.mib * MiB), seed=1)
+    warm = bench_warm(src, manifest, scratch, args.repeats, clock)
+    settle(src)
 
-    parts: dict[str, float] = {}
-    start = time.perf_counter()
-    tiers = build_tiers(load_config(config_path))
-    problems = verify_files(src, manifest.files)
-    if problems:
-        raise RuntimeError(f"hot copy does not verify: {problems[:3]}")
-    parts["hot verify"] = time.perf_counter() - start
-    for name in ("warm", "cold"):
-        tier = tiers[name]
-        t0 = time.perf_counter()
-        tier.put(src, manifest)
-        t1 = time.perf_counter()
-        report = tier.verify(RUN, STEP)
-        if not report.ok:
-            raise RuntimeError(f"direct {name} replica does not verify: {report.problems[:3]}")
-        parts[f"{name} put"] = t1 - t0
-        parts[f"{name} verify"] = time.perf_counter() - t1
-    for tier in tiers.values():
-        if isinstance(tier, S3Tier):
-            tier.close()
-    parts["wall"] = time.perf_counter() - start
-    return parts
-
-
-def count_task_runs(flow_run_id: Any, settle_s: float = 2.0, timeout_s: float = 60.0) -> Counter[str]:
-    """Task runs of one flow run, by task name, read from the server once the count stops growing.
-
-    Task run states reach the server as events, a little after the flow returns.
-    """
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    flt = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
-    last, stable_since, deadline = -1, time.monotonic(), time.monotonic() + timeout_s
-    with get_client(sync_client=True) as client:
-        while True:
-            runs, offset = [], 0
-            while True:
-                page = client.read_task_runs(flow_run_filter=flt, limit=200, offset=offset)
-                runs += page
-                offset += len(page)
-                if len(page) < 200:
-                    break
-            if len(runs) != last:
-                last, stable_since = len(runs), time.monotonic()
-            elif time.monotonic() - stable_since >= settle_s or time.monotonic() > deadline:
-                return Counter(r.name.rsplit("-", 1)[0] for r in runs)
-            time.sleep(0.5)
-
-
-@dataclass
-class FlowAttempt:
-    flow_s: float
-    direct: dict[str, float]
-    rows: list[dict[str, Any]]
-    tasks: Counter[str]
-    pool_full: dict[str, int]
-
-    @property
-    def overhead_s(self) -> float:
-        return self.flow_s - self.direct["wall"]
-
-
-def bench_flow(
-    stack: Path, server: SeaweedServer, api_url: str, manifest: Manifest, repeats: int, clock: Clock
-) -> list[FlowAttempt]:
-    from ckptflow.flows.promote import promote  # Prefect only now: its settings are in os.environ
-
-    hot_root = stack / "hot"
-    src = hot_root / RUN / f"step-{STEP}"
-    # Warm-up, untimed: a Prefect server answers the first request on each route slowly (1-2 s
-    # once per server process, then milliseconds); a running deployment's server paid that long ago.
-    warm_root = stack / "hot-warmup"
-    make_checkpoint(warm_root / RUN / f"step-{STEP}", 16, 16 * MiB, seed=4)
-    warm_config = write_config(stack, warm_root, "warmup", server, api_url)
-    seconds, _ = timed(lambda: promote(RUN, STEP, str(warm_config)))
-    clock.say(f"  warm-up promote flow (16 files, untimed): {seconds:.3f} s")
-    settle(stack / "warm-warmup", warm_root)
-    attempts = []
-    for r in range(repeats):
-        got: dict[str, Any] = {}
-
-        def flow(r: int = r, got: dict[str, Any] = got) -> None:
-            config = write_config(stack, hot_root, f"flow{r}", server, api_url)
-            seconds, state = timed(lambda: promote(RUN, STEP, str(config), return_state=True))
-            got["rows"] = state.result()
-            got["flow_s"] = seconds
-            got["flow_run_id"] = state.state_details.flow_run_id
-            clock.say(f"  promote flow: {seconds:.3f} s")
-            settle(stack / f"warm-flow{r}")
-
-        def direct(r: int = r, got: dict[str, Any] = got) -> None:
-            config = write_config(stack, hot_root, f"direct{r}", server, api_url)
-            got["direct"] = direct_promote(config, src, manifest)
-            clock.say(f"  direct tier calls: {got['direct']['wall']:.3f} s")
-            settle(stack / f"warm-direct{r}")
-
-        dropped = {}
-        for label, fn in (
-            (("direct", direct), ("flow", flow)) if r % 2 == 0 else (("flow", flow), ("direct", direct))
-        ):
-            POOL_FULL.take()
-            fn()
-            dropped[label] = POOL_FULL.take()
-        tasks = count_task_runs(got["flow_run_id"])
-        attempts.append(FlowAttempt(got["flow_s"], got["direct"], got["rows"], tasks, dropped))
-    return attempts
+    clock.say("starting SeaweedFS (auth on)")
+    seaweed = SeaweedServer.start(scratch / "seaweed")
+    seaweed.create_bucket(BUCKET)
+    clock.say(f"hot -> S3: writing {args.s3_files} files, {args.s3_mib:g} MiB")
+    src = scratch / "src-s3"
+    manifest = make_checkpoint([src], args.s3_files, int(args.s3_mib * MiB), seed=2)
+    seaweed.client().put_object(Bucket=BUCKET, Key="warmup", Body=b"x" * 4096)  # volumes exist
+    s3 = bench_s3(src, manifest, seaweed, args.repeats, clock)
+    settle(src)
+    return warm, s3, seaweed
 
 
 class PrefectBoot:
@@ -498,10 +358,7 @@ def verdict(name: str, value: float) -> str:
     return f"{'meets' if ok else 'MISSES'} target {op} {target}"
 
 
-def print_report(
-    warm: AB, s3: AB, flows: list[FlowAttempt], args: argparse.Namespace, flow_bytes: int
-) -> tuple[float, float, float, int, float]:
-    print()
+def print_hops(warm: AB, s3: AB, args: argparse.Namespace) -> dict[str, float]:
     print(f"{'hop / method':<46} {'median s':>8} {'MiB/s':>9}   [every attempt, s]")
     print(f"hot -> warm: {args.files} files, {warm.nbytes / MiB:.0f} MiB, median of {args.repeats}")
     print("\n".join(warm.rows()))
@@ -516,53 +373,18 @@ def print_report(
     print("\n".join(s3.rows()))
     print("  (boto3 sends its default CRC32 per request; S3Tier sends each file's manifest CRC64NVME,")
     print("   which SeaweedFS verifies, and HEADs every object to prove what is stored)")
+    return {
+        "warm_vs_copy": warm.ratio,
+        "cold_vs_boto3": s3.ratio,
+        "put_vs_durable_copy": durable / statistics.median(warm.ours_s),
+    }
+
+
+def print_verdicts(figures: dict[str, float]) -> None:
     print()
-    print(f"promote flow: {args.flow_files} files, {flow_bytes / MiB:.0f} MiB, hot -> warm -> cold")
-    print(
-        f"  {'attempt':<8} {'flow s':>8} {'direct s':>9} {'overhead s':>11} {'frac':>6}   "
-        "direct parts (s) | flow tiers: seconds (slowest batch data_s)"
-    )
-    for i, a in enumerate(flows):
-        parts = " ".join(f"{k}={v:.2f}" for k, v in a.direct.items() if k != "wall")
-        tiers = " ".join(f"{row['tier']}={row['seconds']:.2f}({row['data_s']:.2f})" for row in a.rows)
-        print(
-            f"  {i:<8} {a.flow_s:>8.3f} {a.direct['wall']:>9.3f} {a.overhead_s:>11.3f} "
-            f"{a.overhead_s / a.flow_s:>6.3f}   {parts} | {tiers}"
-        )
-    flow_s = statistics.median(a.flow_s for a in flows)
-    direct_s = statistics.median(a.direct["wall"] for a in flows)
-    overhead = (flow_s - direct_s) / flow_s
-    data_s = statistics.median(sum(row["data_s"] for row in a.rows) for a in flows)
-    tasks = flows[-1].tasks
-    n_tasks = sum(tasks.values())
-    print(
-        f"  median: flow {flow_s:.3f} s, direct {direct_s:.3f} s, overhead {flow_s - direct_s:.3f} s; "
-        f"sum of slowest-batch data_s over tiers {data_s:.3f} s"
-    )
-    print(
-        f"  task runs per flow run (Prefect API): {n_tasks} for {args.flow_files} files: "
-        + ", ".join(f"{name} x{n}" for name, n in sorted(tasks.items()))
-    )
-    if any(a.pool_full.values() for a in flows):
-        print(
-            "  boto3 pooled connections dropped (urllib3 'Connection pool is full'): "
-            + ", ".join(
-                f"attempt {i}: flow {a.pool_full['flow']}, direct {a.pool_full['direct']}"
-                for i, a in enumerate(flows)
-            )
-        )
-    if any(sum(a.tasks.values()) != n_tasks for a in flows):
-        print(f"  (task runs per attempt: {[sum(a.tasks.values()) for a in flows]})")
-    print()
-    vs_durable = durable / statistics.median(warm.ours_s)
-    print(f"{'warm_vs_durable_copy':<14} {vs_durable:>7.3f}  (no target: context for warm_vs_copy)")
-    for name, value in (
-        ("warm_vs_copy", warm.ratio),
-        ("cold_vs_boto3", s3.ratio),
-        ("overhead_frac", overhead),
-    ):
-        print(f"{name:<14} {value:>7.3f}  {verdict(name, value)}")
-    return warm.ratio, s3.ratio, overhead, n_tasks, vs_durable
+    for name, value in figures.items():
+        if name in TARGETS:
+            print(f"{name:<22} {value:>7.3f}  {verdict(name, value)}")
 
 
 # ------------------------------------------------------------------------------------ main
@@ -579,7 +401,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--flow-mib", type=float, default=None, help="promote flow total MiB (default 1024, as hop 1)"
     )
     parser.add_argument("--repeats", type=int, default=None, help="A/B rounds per hop (default 3)")
-    parser.add_argument("--flow-repeats", type=int, default=None, help="flow/direct rounds (default 3)")
+    parser.add_argument(
+        "--flow-repeats", type=int, default=None, help="promotion / durable-copy rounds (default 5)"
+    )
+    parser.add_argument(
+        "--nodes", type=int, default=1, help="simulated nodes whose parts are promoted (default 1)"
+    )
+    parser.add_argument(
+        "--serial-nodes",
+        action="store_true",
+        help="run the nodes' part flows (and their durable copies) one after another, not in parallel",
+    )
+    parser.add_argument(
+        "--only-flow", action="store_true", help="skip hops 1-2 (no S3, no central promote): part 3 only"
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -594,7 +429,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "flow_files": 1024,
         "flow_mib": 1024,
         "repeats": 3,
-        "flow_repeats": 3,
+        "flow_repeats": 5,
     }
     quick = {
         "files": 64,
@@ -603,19 +438,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "flow_files": 64,
         "flow_mib": 16,
         "repeats": 2,
-        "flow_repeats": 1,
+        "flow_repeats": 2,
     }
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.s3_files is None:  # same file size as the warm hop's checkpoint
         args.s3_files = max(1, round(args.files * args.s3_mib / args.mib))
-    for key in ("files", "s3_files", "flow_files", "repeats", "flow_repeats"):
+    for key in ("files", "s3_files", "flow_files", "repeats", "flow_repeats", "nodes"):
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be >= 1")
     for key in ("mib", "s3_mib", "flow_mib"):
         if getattr(args, key) <= 0:
             parser.error(f"--{key.replace('_', '-')} must be > 0")
+    if args.flow_files < args.nodes:
+        parser.error(f"--flow-files ({args.flow_files}) must be at least --nodes ({args.nodes})")
     return args
 
 
@@ -648,33 +485,34 @@ def main(argv: list[str] | None = None) -> int:
             clock.say(
                 "quick: the Prefect server boots in the background during hops 1-2 (they share the CPU)"
             )
-        clock.say(f"hot -> warm: writing {args.files} files, {args.mib:g} MiB")
-        src = scratch / "src-warm"
-        manifest = make_checkpoint(src, args.files, int(args.mib * MiB), seed=1)
-        warm = bench_warm(src, manifest, scratch, args.repeats, clock)
-        settle(src)
-
-        clock.say("starting SeaweedFS (auth on)")
-        seaweed = SeaweedServer.start(scratch / "seaweed")
-        seaweed.create_bucket(BUCKET)
-        clock.say(f"hot -> S3: writing {args.s3_files} files, {args.s3_mib:g} MiB")
-        src = scratch / "src-s3"
-        manifest = make_checkpoint(src, args.s3_files, int(args.s3_mib * MiB), seed=2)
-        seaweed.client().put_object(Bucket=BUCKET, Key="warmup", Body=b"x" * 4096)  # volumes exist
-        s3 = bench_s3(src, manifest, seaweed, args.repeats, clock)
-        settle(src)
+        hops = None
+        if not args.only_flow:
+            hops = bench_hops(args, scratch, clock)
+            seaweed = hops[2]
 
         if boot is None:
             clock.say("starting the Prefect server")
             boot = PrefectBoot(scratch / "prefect")
-        stack = scratch / "stack"
-        clock.say(f"promote flow: writing {args.flow_files} files, {args.flow_mib:g} MiB to the hot tier")
+        hosts = [f"bench-node-{k}" for k in range(args.nodes)]
+        nodes = NodeStack(
+            scratch / "stack", hosts, boot.api_url, None if seaweed is None else cold_config(seaweed)
+        )
+        clock.say(
+            f"promotion on {args.nodes} node(s): writing {args.flow_files} files, {args.flow_mib:g} MiB "
+            "to their hot roots"
+        )
         manifest = make_checkpoint(
-            stack / "hot" / RUN / f"step-{STEP}", args.flow_files, int(args.flow_mib * MiB), seed=3
+            [nodes.step_dir(k) for k in range(args.nodes)],
+            args.flow_files,
+            int(args.flow_mib * MiB),
+            seed=3,
+            hosts=hosts,
         )
         clock.say("waiting for the Prefect server (importing the flow meanwhile)")
-        prefect = boot.wait()
-        flows = bench_flow(stack, seaweed, prefect.api_url, manifest, args.flow_repeats, clock)
+        boot.wait()
+        attempts, tasks, central = bench_parts(
+            nodes, manifest, args.flow_repeats, parallel=not args.serial_nodes, clock=clock
+        )
         clock.say("done")
     finally:
         if boot is not None:
@@ -689,13 +527,20 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             args.dir.rmdir()  # only if nothing else lives there
 
-    warm_ratio, s3_ratio, overhead, n_tasks, vs_durable = print_report(
-        warm, s3, flows, args, manifest.total_bytes
+    print()
+    figures = print_hops(hops[0], hops[1], args) if hops is not None else {}
+    print()
+    parts = print_parts_report(
+        attempts, tasks, central, manifest.total_bytes, len(manifest.files), parallel=not args.serial_nodes
     )
-    print(
-        f"warm_vs_copy={sig3(warm_ratio)} cold_vs_boto3={sig3(s3_ratio)} "
-        f"overhead_frac={sig3(overhead)} task_runs={n_tasks} warm_vs_durable_copy={sig3(vs_durable)}"
-    )
+    figures.update((k, parts[k]) for k in ("warm_vs_durable_copy", "overhead_frac", "staged_to_warm_s"))
+    print_verdicts(figures)
+    n_tasks = sum(sum(c.values()) for c in tasks.values())
+    line = {k: sig3(v) for k, v in figures.items()}
+    line["overhead_spread"] = f"{sig3(parts['overhead_frac_min'])}..{sig3(parts['overhead_frac_max'])}"
+    line["nodes"] = str(args.nodes)
+    line["part_task_runs"] = str(n_tasks)
+    print(" ".join(f"{k}={v}" for k, v in line.items()))
     return 0
 
 
