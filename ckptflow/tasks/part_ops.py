@@ -78,7 +78,8 @@ class PartPlan:
 
     def waiting_nodes(self, manifest: Manifest) -> list[str]:
         """``node 1 (host-b)`` for every node whose part the tier still lacks after this copy."""
-        owners = sorted({e.node for e in manifest.files if e.path in set(self.waiting_for)})
+        waiting = set(self.waiting_for)  # once: built per entry it made this quadratic in the files
+        owners = sorted({e.node for e in manifest.files if e.path in waiting})
         hosts = {n.node: n.host for n in manifest.nodes}
         return [f"node {k} ({hosts.get(k, '?')})" for k in owners]
 
@@ -86,7 +87,8 @@ class PartPlan:
 def plan_part(holding: NodeHolding, tier: Tier) -> PartPlan:
     """Copy every file the tier lacks that this node holds; the rest must come from other nodes."""
     missing = tier.missing_files(holding.manifest)
+    held = holding.held_paths  # once: the property builds a new set on every access
     return PartPlan(
-        to_copy=[p for p in missing if p in holding.held_paths],
-        waiting_for=[p for p in missing if p not in holding.held_paths],
+        to_copy=[p for p in missing if p in held],
+        waiting_for=[p for p in missing if p not in held],
     )
