@@ -378,11 +378,8 @@ def print_parts_report(
 ) -> dict[str, float]:
     """The per-attempt table and the medians; the figures for the last line."""
     n = len(attempts[0].parts)
-    how = "in parallel" if parallel else "one after another"
-    print(
-        f"promote to warm on {n} node(s), {how}: {files} files, {nbytes / MiB:.0f} MiB, "
-        f"{len(attempts)} attempts"
-    )
+    how = "1 node" if n == 1 else f"{n} nodes, {'in parallel' if parallel else 'one after another'}"
+    print(f"promote to warm on {how}: {files} files, {nbytes / MiB:.0f} MiB, {len(attempts)} attempts")
     print(
         f"  {'attempt':<8} {'node':<14} {'wall s':>7} {'data s':>7} {'overhead s':>10} "
         f"{'= engine':>8} {'+ in flow':>9}   data phases (s) | durable copy s"
