@@ -24,6 +24,9 @@ promote:
 checkpoint:                                         # the Checkpointer's options (CheckpointOptions)
   deadline_s: 600
   on_busy: skip
+replication:                                        # peer copies of hot parts (ckptflow.policy.replication)
+  bind_host: 10.1.0.7
+  secret_file: /etc/ckptflow/secrets/replication   # mode 0600, the same on every node
 ```
 Secrets never live in this file: credentials come from the environment, the AWS chain or the 0600
 files it names.
@@ -37,6 +40,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from ckptflow.policy.replication import ReplicationConfig
 from ckptflow.policy.secret_file import SecretFileError, read_secret_file
 from ckptflow.policy.yaml_source import load_yaml, validate
 
@@ -165,6 +169,7 @@ class CkptflowConfig(_Strict):
     prefect: PrefectConfig = PrefectConfig()
     promote: PromoteConfig = PromoteConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    replication: ReplicationConfig = ReplicationConfig()
 
     @model_validator(mode="after")
     def _hot_tier_required(self) -> CkptflowConfig:
