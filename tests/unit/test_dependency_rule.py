@@ -1,5 +1,6 @@
 """DESIGN.md's dependency rule, enforced: flows -> tasks -> {catalog, storage, policy};
-training_hooks -> {storage, catalog, policy}; storage -> policy (the config models); policy, the
+training_hooks -> {storage, catalog, policy}; storage -> policy (the config models); peer (the
+storage-level replication transport) -> {storage, policy}, usable wherever storage is; policy, the
 leaf, imports nothing of ours and neither torch, SQL nor Prefect; heavy imports stay out of the
 training process's import time."""
 
@@ -16,15 +17,17 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ckptflow"
 
 ALLOWED_INTERNAL = {
     "storage": {"storage", "policy"},
+    "peer": {"peer", "storage", "policy"},
     "policy": {"policy"},
     "catalog": {"catalog", "storage"},
-    "training_hooks": {"training_hooks", "storage", "catalog", "policy"},
-    "tasks": {"tasks", "catalog", "storage", "policy"},
-    "flows": {"flows", "tasks", "catalog", "storage", "policy"},
-    "agent": {"agent", "flows", "tasks", "catalog", "storage", "policy"},
+    "training_hooks": {"training_hooks", "storage", "peer", "catalog", "policy"},
+    "tasks": {"tasks", "catalog", "storage", "peer", "policy"},
+    "flows": {"flows", "tasks", "catalog", "storage", "peer", "policy"},
+    "agent": {"agent", "flows", "tasks", "catalog", "storage", "peer", "policy"},
 }
 FORBIDDEN_EXTERNAL = {
     "storage": {"torch", "sqlalchemy", "sqlmodel", "prefect"},
+    "peer": {"torch", "sqlalchemy", "sqlmodel", "prefect"},
     "policy": {"torch", "sqlalchemy", "sqlmodel", "prefect"},
     "catalog": {"torch", "prefect"},
 }
@@ -91,3 +94,15 @@ def test_importing_the_training_api_loads_no_heavy_modules() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"importing ckptflow.training_hooks loaded: {out.stdout.strip()}"
+
+
+def test_importing_the_peer_package_loads_no_server_or_http_client() -> None:
+    # Restore imports ckptflow.peer for peers_for and the errors: the training process must not pay
+    # for FastAPI, uvicorn or httpx unless it actually talks to a peer.
+    code = (
+        "import sys, ckptflow.peer; "
+        "heavy = [m for m in ('fastapi', 'uvicorn', 'starlette', 'httpx', 'prefect', 'torch') "
+        "if m in sys.modules]; print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"importing ckptflow.peer loaded: {out.stdout.strip()}"
