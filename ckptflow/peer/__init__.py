@@ -35,6 +35,8 @@ Public API (what the agent and restore integrate):
 
 from __future__ import annotations
 
+from typing import Any
+
 from ckptflow.peer.auth import PeerSecret
 from ckptflow.peer.bandwidth import TokenBucket
 from ckptflow.peer.errors import (
@@ -48,6 +50,21 @@ from ckptflow.peer.errors import (
 )
 from ckptflow.peer.identity import PartId, peers_root, replica_dir, replica_entries, replica_root
 from ckptflow.peer.selection import holders_of, parts_held_by, peers_for
+
+# The server pulls in FastAPI/uvicorn and the client httpx: loaded on first use, so importing the
+# package for peers_for (as restore does) stays cheap.
+_LAZY = {
+    "PeerServer": "ckptflow.peer.server",
+    "ReplicaStore": "ckptflow.peer.store",
+    "HeldReplica": "ckptflow.peer.store",
+    "PeerClient": "ckptflow.peer.client",
+    "PushResult": "ckptflow.peer.client",
+    "push_part": "ckptflow.peer.client",
+    "fetch_part": "ckptflow.peer.client",
+    "quarantine_replica": "ckptflow.peer.client",
+    "list_replicas": "ckptflow.peer.client",
+    "delete_replica": "ckptflow.peer.client",
+}
 
 __all__ = [
     "LocalFileCorrupt",
@@ -67,5 +84,13 @@ __all__ = [
     "replica_dir",
     "replica_entries",
     "replica_root",
+    *_LAZY,
 ]
 
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ckptflow.peer' has no attribute {name!r}")

@@ -1,0 +1,383 @@
+"""The peer server: HTTP (FastAPI on uvicorn) over one node's hot root, run by that node's agent.
+
+Endpoints (every one authenticated, see :mod:`ckptflow.peer.auth`; errors are JSON ``{"error"}``):
+
+- ``POST /v1/replicas/{run}/{step}/{part}/open``: body = the decided manifest. Starts or resumes
+  receiving ``part`` (``part-<k>-of-<n>``); answers which files are already complete.
+- ``PUT /v1/replicas/{run}/{step}/{part}/files/{path}``: one file, headers ``X-Ckptflow-Size``,
+  ``X-Ckptflow-Crc64nvme``, ``X-Ckptflow-Manifest`` (the id ``open`` returned). Streamed to a
+  temporary name while its CRC is computed; 422 and nothing kept if size or CRC differ.
+- ``POST /v1/replicas/{run}/{step}/{part}/commit``: body = the same manifest. Every file present,
+  manifest last, fsync, atomic rename, parent fsync.
+- ``GET /v1/replicas/{run}/{step}/{part}/files/{path}``: a held file (a peer replica, else this
+  node's own part), single ``Range`` supported; ``X-Ckptflow-Crc64nvme``/``X-Ckptflow-Size``
+  give the manifest's CRC and size of the whole file. ``GET .../manifest``: the manifest bytes.
+- ``GET /v1/replicas[?run=]``: what this node can serve. ``DELETE /v1/replicas/{run}/{step}/{part}``:
+  remove a peer replica (retention). ``POST .../quarantine`` (``{"reason"}``): move a copy that
+  failed verification aside. ``GET /v1/health``.
+
+Bound to one configured address (127.0.0.1 unless configured otherwise); binding every interface
+happens only when asked for by name (``0.0.0.0``/``::``), and is logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+
+from ckptflow.peer.auth import MAX_SKEW_S, SCHEME, PeerSecret, Verifier, as_secret
+from ckptflow.peer.store import HeldReplica, Refused, ReplicaStore
+from ckptflow.storage import checksums
+
+log = logging.getLogger("ckptflow.peer")
+
+MAX_MANIFEST_BYTES = 256 << 20  # a 100,000-file manifest with blocks stays far below this
+WRITE_BATCH = 4 << 20  # received bytes handed to a worker thread per write: few thread hops
+READ_CHUNK = 1 << 20
+WILDCARD_HOSTS = ("0.0.0.0", "::")
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class _Authenticate:
+    """ASGI middleware: every request is checked before any route sees it (none can forget it)."""
+
+    def __init__(self, app: Any, verifier: Verifier) -> None:
+        self.app = app
+        self.verifier = verifier
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        target = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        if scope.get("query_string"):
+            target += "?" + scope["query_string"].decode("latin-1")
+        reason = self.verifier.check(headers.get("authorization"), scope["method"], target, headers)
+        if reason is None:
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client") or ("?", 0)
+        log.warning(
+            "peer server: refused %s %s from %s: %s", scope["method"], scope["path"], client[0], reason
+        )
+        response = _json(
+            401, {"error": f"peer authentication failed: {reason}"}, {"WWW-Authenticate": SCHEME}
+        )
+        await response(scope, receive, send)
+
+
+async def _body(request: Request) -> bytes:
+    """A small body (a manifest), checked against its signed SHA-256."""
+    declared = request.headers.get("x-ckptflow-body-sha256")
+    if not declared:
+        raise Refused(400, "a request with a body must carry X-Ckptflow-Body-Sha256 (signed)")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_MANIFEST_BYTES:
+            raise Refused(413, f"the body exceeds {MAX_MANIFEST_BYTES} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), declared):
+        raise Refused(400, "the body does not match its signed X-Ckptflow-Body-Sha256")
+    return body
+
+
+def _int_header(request: Request, name: str) -> int:
+    value = request.headers.get(name)
+    if value is None or not value.isdigit():
+        raise Refused(400, f"header {name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """(start, end exclusive) of a single ``Range: bytes=a-b``; None for the whole file."""
+    if header is None:
+        return None
+    match = _RANGE.match(header.strip())
+    if match is None or (not match.group(1) and not match.group(2)):
+        raise Refused(416, f"Range {header!r} is not one byte range (bytes=a-b, bytes=a- or bytes=-n)")
+    first, last = match.group(1), match.group(2)
+    if first:
+        start = int(first)
+        end = min(size, int(last) + 1) if last else size
+    else:
+        start, end = max(0, size - int(last)), size
+    if start >= size or end <= start:
+        raise Refused(416, f"Range {header!r} is outside the file's {size} bytes")
+    return start, end
+
+
+def _read_span(fd: int, start: int, end: int) -> Iterator[bytes]:
+    try:
+        offset = start
+        while offset < end:
+            chunk = os.pread(fd, min(READ_CHUNK, end - offset), offset)
+            if not chunk:
+                break  # the file shrank under us: the client sees fewer bytes than promised
+            offset += len(chunk)
+            yield chunk
+    finally:
+        os.close(fd)
+
+
+def create_app(store: ReplicaStore, verifier: Verifier) -> Any:
+    """The ASGI application: the routes, behind the authentication middleware."""
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, title="ckptflow peer")
+
+    @app.exception_handler(Refused)
+    async def _refused(_request: Request, exc: Refused) -> Any:
+        return _json(exc.status, {"error": exc.message})
+
+    base = "/v1/replicas/{run}/{step}/{part}"
+
+    @app.get("/v1/health")
+    def health() -> dict[str, Any]:
+        return {"ok": True, "hot_root": str(store.hot_root)}
+
+    @app.post(base + "/open")
+    async def open_replica(run: str, step: int, part: str, request: Request) -> Any:
+        body = await _body(request)
+        return await run_in_threadpool(store.open, run, step, part, body)
+
+    @app.put(base + "/files/{path:path}")
+    async def put_file(run: str, step: int, part: str, path: str, request: Request) -> Any:
+        size = _int_header(request, "x-ckptflow-size")
+        if _int_header(request, "content-length") != size:
+            raise Refused(400, "Content-Length must equal X-Ckptflow-Size")
+        crc = request.headers.get("x-ckptflow-crc64nvme", "")
+        mid = request.headers.get("x-ckptflow-manifest", "")
+        receiver = await run_in_threadpool(store.begin_file, run, step, part, mid, path, size, crc)
+        if receiver is None:
+            return _json(200, {"path": path, "received": False, "already_complete": True})
+        started = time.perf_counter()
+        pending: list[bytes] = []
+        held = 0
+        try:
+            async for chunk in request.stream():
+                pending.append(chunk)
+                held += len(chunk)
+                if held >= WRITE_BATCH:
+                    data, pending, held = b"".join(pending), [], 0
+                    await run_in_threadpool(receiver.write, data)
+            if pending:
+                await run_in_threadpool(receiver.write, b"".join(pending))
+            await run_in_threadpool(receiver.finish)
+        except ClientDisconnect:
+            receiver.abort()
+            log.warning(
+                "peer server: the sender of %s/step-%s/%s/%s left after %d of %d bytes; nothing kept",
+                run, step, part, path, receiver.size + held, size,
+            )  # fmt: skip
+            return _json(400, {"error": "the sender disconnected before the file was whole"})
+        except BaseException:
+            receiver.abort()
+            raise
+        seconds = time.perf_counter() - started
+        log.debug("peer server: received %s (%d bytes, %.2f s)", receiver.target, receiver.size, seconds)
+        return _json(201, {"path": path, "received": True, "bytes": receiver.size})
+
+    @app.post(base + "/commit")
+    async def commit_replica(run: str, step: int, part: str, request: Request) -> Any:
+        body = await _body(request)
+        return await run_in_threadpool(store.commit, run, step, part, body)
+
+    @app.get(base + "/manifest")
+    def get_manifest(run: str, step: int, part: str) -> Any:
+        data = store.manifest(run, step, part)
+        return Response(
+            data,
+            media_type="application/json",
+            headers={"X-Ckptflow-Crc64nvme": checksums.checksum_bytes(data)},
+        )
+
+    @app.get(base + "/files/{path:path}")
+    async def get_file(run: str, step: int, part: str, path: str, request: Request) -> Any:
+        where, entry = await run_in_threadpool(store.locate, run, step, part, path)
+        fd = os.open(where, os.O_RDONLY)
+        try:
+            actual = os.fstat(fd).st_size
+            span = _byte_range(request.headers.get("range"), actual)
+        except BaseException:
+            os.close(fd)
+            raise
+        start, end = span if span is not None else (0, actual)
+        headers = {
+            "Accept-Ranges": "bytes",
+            "Content-Length": str(end - start),
+            "X-Ckptflow-Size": str(entry.size),
+            "X-Ckptflow-Crc64nvme": entry.checksum,
+        }
+        if span is not None:
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{actual}"
+        return StreamingResponse(
+            _read_span(fd, start, end),
+            status_code=206 if span else 200,
+            media_type="application/octet-stream",
+            headers=headers,
+        )
+
+    @app.get("/v1/replicas")
+    def list_replicas(run: str | None = None) -> Any:
+        return {"replicas": [_held_json(h) for h in store.held(run)]}
+
+    @app.delete(base)
+    def delete_replica(run: str, step: int, part: str) -> Any:
+        return {"deleted": store.delete(run, step, part)}
+
+    @app.post(base + "/quarantine")
+    async def quarantine_replica(run: str, step: int, part: str, request: Request) -> Any:
+        body = await _body(request)
+        try:
+            reason = str(json.loads(body).get("reason", ""))
+        except (ValueError, AttributeError):
+            raise Refused(400, 'the body must be JSON {"reason": "..."}') from None
+        return {"quarantined": await run_in_threadpool(store.quarantine, run, step, part, reason)}
+
+    return _Authenticate(app, verifier)
+
+
+def _held_json(held: HeldReplica) -> dict[str, Any]:
+    return {
+        "run": held.run,
+        "step": held.step,
+        "part": held.part,
+        "source": held.source,
+        "manifest_checksum": held.manifest_checksum,
+        "files": held.files,
+        "bytes": held.bytes,
+    }
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    if not host:
+        raise ValueError(
+            "peer server: bind host is empty, which would listen on every interface; name the interface's "
+            "address (replication.bind_host), or 0.0.0.0 if every interface is really meant"
+        )
+    if host in WILDCARD_HOSTS:
+        log.warning("peer server: listening on every interface (%s) as configured", host)
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted connections inherit keepalive: a sender whose node lost power mid-file is noticed in
+    # about a minute (its receive aborted, its partial file dropped) instead of never.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    try:
+        sock.bind(address)
+        sock.listen(1024)  # connections queue in the kernel until uvicorn accepts: none refused early
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"peer server: cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+class PeerServer:
+    """A peer server over ``hot_root`` on ``host:port`` (port 0: any free port), in a thread of
+    this process (:meth:`start`/:meth:`stop`, or a ``with`` block), or blocking (:meth:`serve`).
+
+    ``http`` picks uvicorn's HTTP parser: ``auto`` (httptools when installed, else h11), ``h11``
+    or ``httptools``."""
+
+    def __init__(
+        self,
+        hot_root: str | os.PathLike[str],
+        secret: PeerSecret | str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        max_skew_s: float = MAX_SKEW_S,
+        log_level: str = "warning",
+        http: str = "auto",
+    ) -> None:
+        self.store = ReplicaStore(Path(hot_root))
+        self._verifier = Verifier(as_secret(secret), max_skew_s)
+        self._socket = _bind(host, port)
+        self.host = host
+        self.port = self._socket.getsockname()[1]
+        self._log_level = log_level
+        self._http = http  # uvicorn's parser: "auto" = httptools if installed, else h11
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def _uvicorn(self) -> Any:
+        import uvicorn
+
+        config = uvicorn.Config(
+            create_app(self.store, self._verifier),
+            log_level=self._log_level,
+            http=self._http,
+            access_log=False,
+            lifespan="off",
+            ws="none",
+            server_header=False,
+            timeout_keep_alive=30,
+        )
+        return uvicorn.Server(config)
+
+    def serve(self) -> None:
+        """Serve in the calling thread until SIGINT/SIGTERM (the agent's main loop)."""
+        self._server = self._uvicorn()
+        log.info("peer server for %s listening on %s", self.store.hot_root, self.url)
+        self._server.run(sockets=[self._socket])
+
+    def start(self, timeout_s: float = 30.0) -> PeerServer:
+        """Serve from a background thread; return once it accepts connections."""
+        self._server = self._uvicorn()
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [self._socket]},
+            name="ckptflow-peer-server",
+            daemon=True,
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"peer server on {self.url} did not start (see the log above)")
+            time.sleep(0.01)
+        log.info("peer server for %s listening on %s", self.store.hot_root, self.url)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        self._socket.close()
+
+    def __enter__(self) -> PeerServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
