@@ -60,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     # The agent (or a test) waits for this line; flush so a pipe sees it at once.
     print(f"ckptflow-peer listening on {server.url}", flush=True)
-    server.serve()
+    try:
+        server.serve()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it shut down on
+        return 130
     return 0
 
 

@@ -1,7 +1,8 @@
 """What can go wrong talking to a peer, as exceptions a caller can tell apart.
 
-Every one is a ``TierError``, so a restore that already falls back from one tier to the next on
-``TierError`` treats a peer as one more place to fetch from: peer down, then warm, then cold.
+Client side, every one is a ``TierError``, so a restore that already falls back from one tier to
+the next on ``TierError`` treats a peer as one more place to fetch from: peer down, then warm, then
+cold. Server side, :class:`Refused` is a request the server will not carry out.
 """
 
 from __future__ import annotations
@@ -51,3 +52,13 @@ class LocalFileCorrupt(PeerError):
         super().__init__(f"{path}: this node's copy does not match its manifest ({detail}); not replicated")
         self.path = path
         self.detail = detail
+
+
+class Refused(Exception):
+    """Server side: a request that will not be carried out; ``status`` is the HTTP status to answer
+    with, ``message`` says why and what to do (never a secret)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message

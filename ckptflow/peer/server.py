@@ -41,7 +41,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from ckptflow.peer.auth import MAX_SKEW_S, SCHEME, PeerSecret, Verifier, as_secret
-from ckptflow.peer.store import HeldReplica, Refused, ReplicaStore
+from ckptflow.peer.errors import Refused
+from ckptflow.peer.store import HeldReplica, ReplicaStore
 from ckptflow.storage import checksums
 
 log = logging.getLogger("ckptflow.peer")
@@ -348,7 +349,10 @@ class PeerServer:
         """Serve in the calling thread until SIGINT/SIGTERM (the agent's main loop)."""
         self._server = self._uvicorn()
         log.info("peer server for %s listening on %s", self.store.hot_root, self.url)
-        self._server.run(sockets=[self._socket])
+        try:
+            self._server.run(sockets=[self._socket])
+        finally:
+            self.store.close()
 
     def start(self, timeout_s: float = 30.0) -> PeerServer:
         """Serve from a background thread; return once it accepts connections."""
@@ -375,6 +379,7 @@ class PeerServer:
             self._thread.join(timeout_s)
             self._thread = None
         self._socket.close()
+        self.store.close()
 
     def __enter__(self) -> PeerServer:
         return self.start()

@@ -5,7 +5,8 @@ first (``check_run_name``, ``PartId.parse``, ``safe_relative_path``) and every p
 created is checked to resolve inside the hot root (a planted symlink never takes a write or a read
 elsewhere). Receiving follows the hot tier's commit protocol: files into a partial directory, each
 checked against the manifest while written and renamed into place only when whole and verified;
-commit writes the manifest last, fsyncs, renames the directory into place and fsyncs its parent.
+commit makes every file durable (:mod:`ckptflow.peer.receiver`), writes the manifest last, fsyncs,
+renames the directory into place and fsyncs its parent.
 
 Errors meant for the client are :class:`Refused` (an HTTP status and a message naming the fix).
 The layout is in :mod:`ckptflow.peer.identity`.
@@ -14,7 +15,6 @@ The layout is in :mod:`ckptflow.peer.identity`.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import secrets
@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ckptflow.peer.errors import Refused
 from ckptflow.peer.identity import (
     PEERS_DIR,
     RESERVED_PREFIX,
@@ -32,6 +33,7 @@ from ckptflow.peer.identity import (
     replica_root,
     reserved,
 )
+from ckptflow.peer.receiver import Durability, FileReceiver
 from ckptflow.storage import checksums, layout
 from ckptflow.storage.atomic import fsync_path, publish_dir, write_file_atomic
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, ManifestError, parse_manifest
@@ -43,15 +45,6 @@ log = logging.getLogger("ckptflow.peer")
 PENDING_MANIFEST = f"{RESERVED_PREFIX}manifest.json"
 RECV_PREFIX = f"{RESERVED_PREFIX}recv-"
 MAX_REASON_CHARS = 2000
-
-
-class Refused(Exception):
-    """A request the store will not carry out; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -75,75 +68,6 @@ def manifest_id(manifest_bytes: bytes) -> str:
     return f"{checksums.crc64nvme(manifest_bytes):016x}"
 
 
-class FileReceiver:
-    """One file being received: bytes go to a temporary name, checked against the manifest entry
-    as they are written; :meth:`finish` renames it into place only if size and CRC match."""
-
-    def __init__(self, tmp: Path, target: Path, entry: FileEntry, lock_path: Path) -> None:
-        self.tmp, self.target, self.entry = tmp, target, entry
-        self._lock_path = lock_path
-        self._lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)  # stale-partial cleanup leaves a live write alone
-        self._fd: int | None = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self.crc = 0
-        self.size = 0
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._fd is None:
-            raise RuntimeError("write after finish/abort")
-        if self.size + len(data) > self.entry.size:
-            raise Refused(
-                422,
-                f"{self.entry.path}: more than its {self.entry.size} bytes were sent; nothing kept",
-            )
-        view = memoryview(data)
-        written = 0
-        while written < len(view):
-            written += os.write(self._fd, view[written:])
-        self.crc = checksums.crc64nvme(view, self.crc)
-        self.size += len(view)
-
-    def finish(self) -> None:
-        """Verify, fsync, rename into place and fsync the directory; Refused (and nothing kept) if
-        the bytes are not the manifest's."""
-        try:
-            if self.size != self.entry.size:
-                raise Refused(
-                    422, f"{self.entry.path}: {self.size} bytes received, the manifest says {self.entry.size}"
-                )
-            actual = checksums.encode(self.crc)
-            if actual != self.entry.checksum:
-                raise Refused(
-                    422,
-                    f"{self.entry.path}: the bytes received have crc64nvme {actual}, the manifest says "
-                    f"{self.entry.checksum}; nothing kept (corrupt source or damaged in transit)",
-                )
-            assert self._fd is not None
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
-            os.replace(self.tmp, self.target)
-            fsync_path(self.target.parent)
-        except BaseException:
-            self.abort()
-            raise
-        self._release()
-
-    def abort(self) -> None:
-        """Drop what was received of this file."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        self.tmp.unlink(missing_ok=True)
-        self._release()
-
-    def _release(self) -> None:
-        if self._lock_fd >= 0:
-            self._lock_path.unlink(missing_ok=True)
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-
-
 class ReplicaStore:
     """Replicas under one node's hot root (see :mod:`ckptflow.peer.identity` for the layout)."""
 
@@ -154,6 +78,11 @@ class ReplicaStore:
         self._real_root = self.hot_root.resolve()
         self._locks: dict[tuple[str, int, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self.durability = Durability()
+
+    def close(self) -> None:
+        """Wait for the background fsyncs still running."""
+        self.durability.close()
 
     # --- validation ---------------------------------------------------------------------------
 
@@ -234,19 +163,20 @@ class ReplicaStore:
         _, entries = self._manifest(manifest_bytes, run, step, part)
         mid = manifest_id(manifest_bytes)
         final = replica_dir(self.hot_root, run, step, part)
-        if self._committed_same(final, manifest_bytes):
-            return {"committed": True, "manifest_id": mid, "complete": [e.path for e in entries]}
-        partial = self._partial(run, step, part, mid)
-        self._inside(partial)  # before creating anything: a planted symlink must take no mkdir elsewhere
-        partial.mkdir(parents=True, exist_ok=True)
-        pending = partial / PENDING_MANIFEST
-        if not pending.is_file():
-            write_file_atomic(pending, manifest_bytes)
-        elif pending.read_bytes() != manifest_bytes:
-            raise Refused(409, f"{partial.name} holds another manifest with the same id; remove it")
-        os.utime(partial)  # activity: stale-partial cleanup counts age from here
-        complete = [e.path for e in entries if _whole(partial / e.path, e.size)]
-        return {"committed": False, "manifest_id": mid, "complete": complete}
+        with self._lock(run, step, part):  # never half-way through another sender's commit
+            if self._committed_same(final, manifest_bytes):
+                return {"committed": True, "manifest_id": mid, "complete": [e.path for e in entries]}
+            partial = self._partial(run, step, part, mid)
+            self._inside(partial)  # before creating anything: a planted symlink must take no mkdir elsewhere
+            partial.mkdir(parents=True, exist_ok=True)
+            pending = partial / PENDING_MANIFEST
+            if not pending.is_file():
+                write_file_atomic(pending, manifest_bytes)
+            elif pending.read_bytes() != manifest_bytes:
+                raise Refused(409, f"{partial.name} holds another manifest with the same id; remove it")
+            os.utime(partial)  # activity: stale-partial cleanup counts age from here
+            complete = [e.path for e in entries if self.durability.complete(partial / e.path, e)]
+            return {"committed": False, "manifest_id": mid, "complete": complete}
 
     def begin_file(
         self, run: str, step: int, part_name: str, mid: str, path: str, size: int, crc: str
@@ -258,35 +188,38 @@ class ReplicaStore:
             path = _safe_path(path, "file path")
         except ManifestError as exc:
             raise Refused(400, str(exc)) from None
-        partial = self._partial(run, step, part, mid)
-        try:
-            manifest_bytes = (partial / PENDING_MANIFEST).read_bytes()
-        except FileNotFoundError:
-            if self._committed_id(run, step, part) == mid:
-                return None  # another sender of the same replica committed it meanwhile
-            raise Refused(
-                409,
-                f"no replica of {part} of run {run!r} step {step} is being received under manifest id "
-                f"{mid}; open it first (POST .../open with the manifest)",
-            ) from None
-        _, entries = self._manifest(manifest_bytes, run, step, part)
-        entry = next((e for e in entries if e.path == path), None)
-        if entry is None:
-            raise Refused(404, f"{path!r} is not a file of {part} of run {run!r} step {step}")
-        if size != entry.size or crc != entry.checksum:
-            raise Refused(
-                422,
-                f"{path}: the request says {size} bytes, crc64nvme {crc}; the manifest says {entry.size} "
-                f"bytes, {entry.checksum}",
-            )
-        target = partial / path
-        if _whole(target, entry.size):
-            return None
-        self._inside(target.parent)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f"{RECV_PREFIX}{secrets.token_hex(4)}-{target.name}")
-        lock = partial / f"{layout.LOCK_PREFIX}{secrets.randbelow(1 << 30)}"
-        return FileReceiver(tmp, target, entry, lock)
+        # Under the replica's lock: a commit either sees this receiver's writer lock, or has already
+        # published the replica (then this file needs nothing), never the half-way state between.
+        with self._lock(run, step, part):
+            partial = self._partial(run, step, part, mid)
+            try:
+                manifest_bytes = (partial / PENDING_MANIFEST).read_bytes()
+            except FileNotFoundError:
+                if self._committed_id(run, step, part) == mid:
+                    return None  # another sender of the same replica committed it meanwhile
+                raise Refused(
+                    409,
+                    f"no replica of {part} of run {run!r} step {step} is being received under manifest id "
+                    f"{mid}; open it first (POST .../open with the manifest)",
+                ) from None
+            _, entries = self._manifest(manifest_bytes, run, step, part)
+            entry = next((e for e in entries if e.path == path), None)
+            if entry is None:
+                raise Refused(404, f"{path!r} is not a file of {part} of run {run!r} step {step}")
+            if size != entry.size or crc != entry.checksum:
+                raise Refused(
+                    422,
+                    f"{path}: the request says {size} bytes, crc64nvme {crc}; the manifest says {entry.size} "
+                    f"bytes, {entry.checksum}",
+                )
+            target = partial / path
+            if self.durability.complete(target, entry):
+                return None
+            self._inside(target.parent)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f"{RECV_PREFIX}{secrets.token_hex(4)}-{target.name}")
+            lock = partial / f"{layout.LOCK_PREFIX}{secrets.randbelow(1 << 30)}"
+            return FileReceiver(partial, tmp, target, entry, lock, self.durability)
 
     def _committed_id(self, run: str, step: int, part: PartId) -> str | None:
         try:
@@ -313,7 +246,7 @@ class ReplicaStore:
                 ) from None
             if pending != manifest_bytes:
                 raise Refused(409, "the manifest to commit is not the one the replica was opened with")
-            missing = [e.path for e in entries if not _whole(partial / e.path, e.size)]
+            missing = [e.path for e in entries if not self.durability.complete(partial / e.path, e)]
             if missing:
                 more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
                 raise Refused(
@@ -328,12 +261,20 @@ class ReplicaStore:
                 *partial.glob(f"{layout.LOCK_PREFIX}*"),
             ]:
                 leftover.unlink(missing_ok=True)
+            try:
+                self.durability.wait(partial, [partial / e.path for e in entries])
+            except OSError as exc:
+                raise Refused(
+                    507, f"cannot make {part} of step {step} durable: {exc.strerror or exc}"
+                ) from None
             write_file_atomic(partial / MANIFEST_NAME, manifest_bytes)
             for directory in sorted(
                 {(partial / e.path).parent for e in entries}, key=lambda p: -len(p.parts)
             ):
                 fsync_path(directory)
-            if not publish_dir(partial, final):
+            published = publish_dir(partial, final)
+            self.durability.forget(partial)
+            if not published:
                 shutil.rmtree(partial, ignore_errors=True)
                 self._committed_same(final, manifest_bytes)  # raises if someone put another there
         log.info("peer replica committed: %s (%d files)", final, len(entries))
@@ -478,7 +419,9 @@ class ReplicaStore:
                 continue
             for part_dir in sorted(p for p in peers.iterdir() if p.is_dir() and not p.is_symlink()):
                 with contextlib.suppress(FileNotFoundError):
-                    removed += [str(p) for p in layout.remove_stale_partials(part_dir, older_than_s)]
+                    for gone in layout.remove_stale_partials(part_dir, older_than_s):
+                        self.durability.forget(gone)
+                        removed.append(str(gone))
         return removed
 
 

@@ -660,3 +660,32 @@ def test_two_senders_of_the_same_part_at_once_both_succeed_with_one_replica(
     assert tree(replica) == sorted([e.path for e in entries] + [MANIFEST_NAME])
     for entry in entries:
         assert checksums.checksum_file(replica / entry.path) == (entry.checksum, entry.size)
+
+
+def test_after_a_server_restart_files_left_in_a_partial_receive_are_checked_again_before_counting(
+    tmp_path: Path, peer_hot: Path, ckpt: Checkpoint
+) -> None:
+    # A power loss can leave a received file at its full size without its bytes (never made durable):
+    # a new server process must not take its size for proof.
+    source = owner_dir(tmp_path, ckpt)
+    entries = replica_entries(ckpt.manifest, 1)
+    with PeerServer(peer_hot, SECRET) as first, pytest.raises(Cut):
+        push_part(
+            source, ckpt.manifest, 1, first.url, SECRET, progress=cut_after(entries[0].size + entries[1].size)
+        )
+    partial = next((peer_hot / RUN / "peers" / "part-1-of-2").glob(f"step-{STEP}.partial-*"))
+    expected = sorted([entries[0].path, entries[1].path])  # the cut came after the second file's last byte
+    wait_for(lambda: sorted(p.name for p in partial.iterdir() if not p.name.startswith(".")) == expected)
+    damaged = partial / entries[0].path
+    raw = bytearray(damaged.read_bytes())
+    raw[100] ^= 0x04
+    damaged.write_bytes(bytes(raw))
+    with PeerServer(peer_hot, SECRET) as second:
+        rerun = push_part(source, ckpt.manifest, 1, second.url, SECRET)
+    assert (rerun.files_skipped, rerun.files_sent) == (
+        1,
+        2,
+    )  # the intact one kept, the damaged one sent again
+    replica = replica_dir(peer_hot, RUN, STEP, PartId(1, 2))
+    for entry in entries:
+        assert (replica / entry.path).read_bytes() == ckpt.data[entry.path]
