@@ -58,7 +58,7 @@ _LAZY = {
     "ReplicaStore": "ckptflow.peer.store",
     "HeldReplica": "ckptflow.peer.store",
     "PeerClient": "ckptflow.peer.client",
-    "PushResult": "ckptflow.peer.client",
+    "PushResult": "ckptflow.peer.push",
     "push_part": "ckptflow.peer.client",
     "fetch_part": "ckptflow.peer.client",
     "quarantine_replica": "ckptflow.peer.client",
