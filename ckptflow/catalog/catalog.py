@@ -29,6 +29,7 @@ from ckptflow.catalog.models import (
     Drill,
     OutboxEvent,
     PartReplica,
+    PeerEndpoint,
     Replica,
     ReplicaState,
     Run,
@@ -373,6 +374,30 @@ class Catalog:
         with self.read_session() as session:
             stmt = select(PartReplica).where(PartReplica.checkpoint_id == checkpoint_id)
             return sorted(session.exec(stmt), key=lambda r: (r.part, r.holder))
+
+    def register_peer(self, host: str, url: str) -> None:
+        """Record (or replace) where ``host``'s agent serves peers; called at agent start and on
+        each heartbeat (which only stamps ``seen_at`` when the url is unchanged)."""
+        now = utcnow()
+        with self.write_session() as session:
+            row = session.exec(locked(select(PeerEndpoint).where(PeerEndpoint.host == host))).first()
+            if row is None:
+                session.add(PeerEndpoint(host=host, url=url, registered_at=now, seen_at=now))
+                log_event(session, "peer.registered", "", None, now, host=host, url=url)
+            else:
+                if row.url != url:
+                    row.url, row.registered_at = url, now
+                    log_event(session, "peer.registered", "", None, now, host=host, url=url)
+                row.seen_at = now
+                session.add(row)
+
+    def peer_endpoints(self, hosts: Iterable[str] | None = None) -> dict[str, str]:
+        """host -> peer url of every registered agent (or only of ``hosts``)."""
+        with self.read_session() as session:
+            stmt = select(PeerEndpoint)
+            if hosts is not None:
+                stmt = stmt.where(col(PeerEndpoint.host).in_(list(hosts)))
+            return {row.host: row.url for row in session.exec(stmt)}
 
     def mark_delivered(self, event_id: int) -> None:
         """Mark an outbox event emitted; a repeat keeps the first delivery time."""

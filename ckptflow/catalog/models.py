@@ -180,6 +180,19 @@ class PartReplica(SQLModel, table=True):
     reason: str | None = None
 
 
+class PeerEndpoint(SQLModel, table=True):
+    """Where a node's agent serves its hot root to peers (``ckptflow.peer``): one row per host,
+    replaced each time the agent starts and stamped while it runs. Pushers look peers up here by
+    the host names the manifest records; restore by the host names of the job's nodes."""
+
+    __tablename__ = "ckptflow_peer_endpoint"
+
+    host: str = Field(primary_key=True)
+    url: str
+    registered_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    seen_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
 class OutboxEvent(SQLModel, table=True):
     """An event to emit (to Prefect), written in the same transaction as the change it announces.
 
@@ -316,6 +329,7 @@ TABLES = [
         CheckpointFile,
         Replica,
         PartReplica,
+        PeerEndpoint,
         OutboxEvent,
         CatalogEvent,
         DeletionAudit,
