@@ -121,13 +121,19 @@ def agent_command(
     config: Path = typer.Option(..., "--config", help="ckptflow.yaml, as this node sees it"),
     node: str | None = typer.Option(None, "--node", help="this node's host name (default: its hostname)"),
     housekeeping_interval_s: int = typer.Option(300, help="seconds between node-housekeeping runs"),
+    peer_bind: str | None = typer.Option(
+        None, "--peer-bind", help="HOST[:PORT] this node's peer server listens on (default: replication:)"
+    ),
 ) -> None:
-    """Run this node's agent (blocks): serve its promote-part and housekeeping deployments."""
+    """Run this node's agent (blocks): its peer server (with a replication secret), and its
+    promote-part, replicate-part and housekeeping deployments."""
     prefect_env(config)
     from ckptflow.agent.__main__ import main as agent_main  # noqa: PLC0415
 
     argv = ["--config", str(config), "--housekeeping-interval-s", str(housekeeping_interval_s)]
-    raise typer.Exit(agent_main(argv + (["--node", node] if node else [])))
+    argv += ["--node", node] if node else []
+    argv += ["--peer-bind", peer_bind] if peer_bind else []
+    raise typer.Exit(agent_main(argv))
 
 
 def reconcile_command(config: Path = typer.Option(..., "--config", help="ckptflow.yaml")) -> None:

@@ -1,4 +1,5 @@
-"""``python -m ckptflow.agent --config ckptflow.yaml [--node HOST]``: catch up once (node-housekeeping:
+"""``python -m ckptflow.agent --config ckptflow.yaml [--node HOST] [--peer-bind HOST[:PORT]]``: start
+this node's peer server (when a replication secret is configured), catch up once (node-housekeeping:
 what this node missed while no agent listened), then serve this node's deployments (blocks for the
 life of the job; stop it with SIGTERM)."""
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from prefect import serve
 
 from ckptflow.agent.node_deployments import node_deployments
+from ckptflow.agent.peer_service import start_peer_server
 from ckptflow.flows.node_housekeeping import node_housekeeping
 from ckptflow.flows.pinned import CONFIG_DIR_ENV
 from ckptflow.tasks.part_ops import this_host
@@ -32,18 +34,38 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="do not run node-housekeeping once before serving",
     )
+    ap.add_argument(
+        "--peer-bind",
+        default=None,
+        metavar="HOST[:PORT]",
+        help="where this node's peer server listens (default: replication.bind_host and .port)",
+    )
     args = ap.parse_args(argv)
     config = Path(args.config).resolve()
     # Served runs inherit this environment: their config must be this directory's (flows/pinned.py).
     os.environ.setdefault(CONFIG_DIR_ENV, str(config.parent))
     host = args.node or this_host()
+    try:
+        peer_server = start_peer_server(str(config), host, args.peer_bind)
+    except (ValueError, OSError) as exc:
+        print(f"ckptflow agent: {exc}", file=sys.stderr)
+        return 2
     if args.catch_up:
         # Whatever this node missed while no agent ran (events fire only for the listening): first.
         try:
             node_housekeeping(str(config), host)
         except Exception as exc:  # noqa: BLE001 - the agent must start serving anyway
             log.error("node %s: the start-up housekeeping failed: %s", host, exc)
-    serve(*node_deployments(str(config), host, args.housekeeping_interval_s), limit=args.limit)
+    try:
+        serve(
+            *node_deployments(
+                str(config), host, args.housekeeping_interval_s, replicate=peer_server is not None
+            ),
+            limit=args.limit,
+        )
+    finally:
+        if peer_server is not None:
+            peer_server.stop()
     return 0
 
 

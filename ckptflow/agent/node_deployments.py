@@ -10,6 +10,7 @@ from prefect.types.entrypoint import EntrypointType
 from ckptflow.catalog import STAGED_EVENT
 from ckptflow.flows.node_housekeeping import node_housekeeping
 from ckptflow.flows.promote_part import promote_part
+from ckptflow.flows.replicate_part import replicate_part
 
 
 def deployment_name(host: str) -> str:
@@ -17,8 +18,12 @@ def deployment_name(host: str) -> str:
     return f"node-{host}"
 
 
-def node_deployments(config_path: str, host: str, housekeeping_interval_s: int = 300) -> list:
-    """The RunnerDeployments of the agent on ``host`` (``config_path`` as this node sees it)."""
+def node_deployments(
+    config_path: str, host: str, housekeeping_interval_s: int = 300, *, replicate: bool = False
+) -> list:
+    """The RunnerDeployments of the agent on ``host`` (``config_path`` as this node sees it); with
+    ``replicate``, also ``replicate-part`` (this node's parts pushed to its peers on each staged
+    event, alongside ``promote-part``)."""
     config = str(Path(config_path).resolve())
     on_staged = DeploymentEventTrigger(
         name=f"checkpoint staged, part on {host}",
@@ -34,7 +39,20 @@ def node_deployments(config_path: str, host: str, housekeeping_interval_s: int =
     )
     module = EntrypointType.MODULE_PATH
     tags = ["ckptflow", f"node:{host}"]
+    extra = []
+    if replicate:
+        extra.append(
+            replicate_part.to_deployment(
+                name=deployment_name(host),
+                entrypoint_type=module,
+                triggers=[on_staged],
+                parameters={"config_path": config, "node": host},
+                description=f"Copy node {host}'s part of a staged checkpoint to its peers' NVMe.",
+                tags=tags,
+            )
+        )
     return [
+        *extra,
         promote_part.to_deployment(
             name=deployment_name(host),
             entrypoint_type=module,

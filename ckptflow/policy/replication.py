@@ -5,7 +5,7 @@ replication:
   factor: 2                 # copies of each part, its own included; default: 2 with >= 2 nodes, else 1
   jump: 8                   # peers of node n: n+J, n+2J, ... (mod nodes); J = nodes per failure domain
   bind_host: 10.1.0.7       # the interface the peer server listens on (default 127.0.0.1)
-  port: 8470
+  port: 8470                # 0: any free port (the agent registers the address it got in the catalog)
   secret_file: /etc/ckptflow/secrets/replication   # shared by every node, mode 0600; or secret_env
   bandwidth_mib_s: 800      # cap on replication traffic sent by one node (default: no cap)
 ```
@@ -43,7 +43,7 @@ class ReplicationConfig(BaseModel):
     factor: int | None = Field(default=None, ge=1)
     jump: int = Field(default=1, ge=1)
     bind_host: str = Field(default="127.0.0.1", min_length=1)
-    port: int = Field(default=8470, ge=1, le=65535)
+    port: int = Field(default=8470, ge=0, le=65535)
     secret_file: str | None = Field(default=None, min_length=1)
     secret_env: str | None = Field(default=None, min_length=1)
     bandwidth_mib_s: float | None = Field(default=None, gt=0)

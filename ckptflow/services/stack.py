@@ -4,8 +4,9 @@ process id.
 
 ``ckptflow services up`` writes ``<dir>/ckptflow.yaml`` describing the stack: SQLite catalog, hot
 and warm POSIX tiers under ``<dir>``, the cold tier in a SeaweedFS bucket, and the Prefect API. The
-generated secrets (S3 keys, Prefect's auth string) live in 0600 files that the YAML names, never in
-it; every process the stack starts gets the auth string as ``PREFECT_API_AUTH_STRING``.
+generated secrets (S3 keys, Prefect's auth string, the nodes' replication secret) live in 0600
+files that the YAML names, never in it; every process the stack starts gets the auth string as
+``PREFECT_API_AUTH_STRING``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -29,6 +31,7 @@ from ckptflow.services.seaweed import CREDENTIALS_NAME, SeaweedServer
 BUCKET = "ckptflow-cold"
 SERVE_STATE = "serve-state.json"
 AGENT_STATE = "agent-state.json"
+REPLICATION_SECRET = "replication-secret"
 
 
 @dataclass
@@ -79,9 +82,24 @@ def write_config(directory: Path, seaweed: SeaweedServer, prefect: PrefectServer
             },
         },
         "promote": {"workers": 4, "stale_upload_age_s": 3600, "stale_partial_age_s": 3600},
+        # Peer copies of each node's hot part (with two or more nodes); agents authenticate to each
+        # other with this generated 0600 secret, each on a free port it registers in the catalog.
+        "replication": {"secret_file": str(ensure_replication_secret(directory)), "port": 0},
     }
     path = directory / "ckptflow.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def ensure_replication_secret(directory: Path) -> Path:
+    """``<directory>/replication-secret``, created 0600 with 32 random bytes (hex) if missing."""
+    path = directory / REPLICATION_SECRET
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32) + "\n")
     return path
 
 
