@@ -44,6 +44,7 @@ from ckptflow.training_hooks.loaders import check_loaders
 from ckptflow.training_hooks.node_planner import NodeLocalSavePlanner
 from ckptflow.training_hooks.nodes import Topology
 from ckptflow.training_hooks.options import CheckpointOptions
+from ckptflow.training_hooks.peer_sources import PeerAccess, peer_access
 from ckptflow.training_hooks.restore import RestoreContext, RestoreReport
 from ckptflow.training_hooks.restore import restore as restore_state
 from ckptflow.training_hooks.save_job import SaveJob, SaveStats, run_save_job
@@ -120,6 +121,10 @@ class Checkpointer:
             ``PREFECT_API_AUTH_STRING``); :meth:`from_config` reads ``prefect.auth_string_file``.
         fallback_tiers: colder tiers (warm, then cold) restore fetches files from when this node's
             disk lacks them (a replacement node, another world size) or its copy is corrupt.
+        peers: how restore reaches peer replicas of this node's part (:class:`PeerAccess`: the
+            replication secret), tried before ``fallback_tiers``; the peers' addresses come from the
+            catalog, where each node's agent registers them. :meth:`from_config` sets it when
+            ``replication:`` has a usable secret. None: no peer fetches.
         write_hook: called with each file name before it is written; for fault injection.
         read_hook: called with (file, offset, buffer) for every span restore reads, before it is
             checked; for fault injection.
@@ -139,6 +144,7 @@ class Checkpointer:
         prefect_api_url: str | None = None,
         prefect_auth_string: str | None = None,
         fallback_tiers: Sequence[Tier] = (),
+        peers: PeerAccess | None = None,
         write_hook: Callable[[str], None] | None = None,
         read_hook: ReadHook | None = None,
         on_phase: Callable[[str], None] | None = None,
@@ -157,6 +163,7 @@ class Checkpointer:
         self.write_hook = write_hook
         self.read_hook = read_hook
         self.fallback_tiers = list(fallback_tiers)
+        self.peers = peers
         self._on_phase = on_phase or (lambda _phase: None)
         self.rank = ranks.rank()
         self.world_size = ranks.world_size()
@@ -209,6 +216,7 @@ class Checkpointer:
             "prefect_api_url": config.prefect.api_url,
             "prefect_auth_string": config.prefect.auth_string(),
             "fallback_tiers": [tiers[name] for name in config.tier_names() if name != "hot"],
+            "peers": peer_access(config.replication),
             "options": options.replace(**overrides) if overrides else options,
         }
         return cls(run=run, **{**defaults, **kwargs})
@@ -247,6 +255,10 @@ class Checkpointer:
         return self._incarnation
 
     # --- restore ------------------------------------------------------------------------------
+
+    def _peer_endpoints(self, hosts: list[str]) -> dict[str, str]:
+        assert self._catalog is not None
+        return self._catalog.call("peer_endpoints", hosts) or {}
 
     def restore(self, state: dict[str, Any]) -> int:
         """Load the newest checkpoint the job can restore into ``state``; return its step (0: none).
@@ -287,6 +299,8 @@ class Checkpointer:
             record_corrupt=self._record_corrupt if self._catalog is not None else None,
             record_unfinished=self._record_unfinished if self._catalog is not None else None,
             read_hook=self.read_hook,
+            peers=self.peers,
+            peer_endpoints=self._peer_endpoints if self._catalog is not None else None,
         )
         untouched = _fresh_optimizers(state)
         report = restore_state(context, state)

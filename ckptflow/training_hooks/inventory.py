@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ckptflow.peer.identity import PEERS_DIR, RESERVED_PREFIX, PartId
 from ckptflow.storage import checksums, layout
 from ckptflow.storage.manifest import MANIFEST_NAME, ManifestError, UnsupportedManifestError, read_manifest
 from ckptflow.training_hooks.finalize import PART_NAME, read_part
@@ -35,39 +36,82 @@ class StepHolding:
     damage: str | None = None  # a file this directory must hold is missing, truncated or outside it
 
 
+@dataclass(frozen=True)
+class ReplicaHolding:
+    """A committed peer replica on this node: save-time node ``part``'s part of ``step``, received
+    from that node (``<root>/peers/part-<k>-of-<n>/step-N/``, :mod:`ckptflow.peer.identity`)."""
+
+    step: int
+    part: int
+    nodes: int
+    decided: str  # CRC64NVME of the replica's manifest.json: the checkpoint it belongs to
+    files: dict[str, int]  # path -> size
+
+
 @dataclass
 class NodeInventory:
     node: int
     steps: dict[int, StepHolding] = field(default_factory=dict)
+    replicas: dict[tuple[int, int], ReplicaHolding] = field(default_factory=dict)  # (step, part) ->
 
     def holds(self, step: int, path: str, size: int) -> bool:
         holding = self.steps.get(step)
         return holding is not None and holding.files.get(path) == size
 
 
+def _files(directory: Path) -> dict[str, int]:
+    files: dict[str, int] = {}
+    for dirpath, _dirs, names in os.walk(directory):
+        for name in names:
+            rel = os.path.relpath(os.path.join(dirpath, name), directory)
+            if (
+                rel in _MARKERS
+                or FETCH_TMP_MARK in name
+                or name.startswith((layout.LOCK_PREFIX, RESERVED_PREFIX))
+            ):
+                continue
+            try:
+                files[rel] = os.stat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:
+                continue
+    return files
+
+
+def _manifest_crc(directory: Path) -> str | None:
+    try:
+        return checksums.checksum_bytes((directory / MANIFEST_NAME).read_bytes())
+    except OSError:
+        return None
+
+
+def scan_replicas(root: Path) -> dict[tuple[int, int], ReplicaHolding]:
+    """The committed peer replicas under ``root/peers`` (names and sizes only; restore verifies
+    every byte it fetches from one)."""
+    held: dict[tuple[int, int], ReplicaHolding] = {}
+    base = Path(root) / PEERS_DIR
+    for part_dir in sorted(base.iterdir()) if base.is_dir() else []:
+        try:
+            part = PartId.parse(part_dir.name)
+        except ValueError:
+            continue
+        for entry in layout.scan(part_dir):
+            decided = _manifest_crc(entry.path) if entry.kind == "committed" else None
+            if decided is not None:
+                key = (entry.step, part.node)
+                held[key] = ReplicaHolding(entry.step, part.node, part.nodes, decided, _files(entry.path))
+    return held
+
+
 def scan_node(root: Path, node: int) -> NodeInventory:
     """List ``root`` (this node's hot root): every ``step-N/`` directory, its files and sizes, and
-    the CRC of its manifest if it has one. Reads only manifests (small), never data files."""
-    inventory = NodeInventory(node)
+    the CRC of its manifest if it has one, and the peer replicas it holds. Reads only manifests
+    (small), never data files."""
+    inventory = NodeInventory(node, replicas=scan_replicas(root))
     for entry in layout.scan(root):
         if entry.kind not in ("committed", "incomplete"):
             continue
-        files: dict[str, int] = {}
-        for dirpath, _dirs, names in os.walk(entry.path):
-            for name in names:
-                rel = os.path.relpath(os.path.join(dirpath, name), entry.path)
-                if rel in _MARKERS or FETCH_TMP_MARK in name or name.startswith(layout.LOCK_PREFIX):
-                    continue
-                try:
-                    files[rel] = os.stat(os.path.join(dirpath, name)).st_size
-                except FileNotFoundError:
-                    continue
-        decided = None
-        if entry.kind == "committed":
-            try:
-                decided = checksums.checksum_bytes((entry.path / MANIFEST_NAME).read_bytes())
-            except OSError:
-                decided = None
+        files = _files(entry.path)
+        decided = _manifest_crc(entry.path) if entry.kind == "committed" else None
         part = read_part(entry.path)
         damage = _damage(entry.path, files, part, decided is not None)
         inventory.steps[entry.step] = StepHolding(

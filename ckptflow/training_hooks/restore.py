@@ -11,9 +11,11 @@ Called at every start, on every rank, in the training thread (where collectives 
    needs a file that no reachable place holds makes the step unusable for all: the next older one is
    tried ("not on this node" is never corruption).
 4. The missing files are fetched by the ranks of the node that needs them, all nodes in parallel,
-   each file verified while downloaded and renamed into the node's hot root (a replacement node
-   holds its part again); ranks wait for each other through the coordination store, whose waits can
-   outlast any process-group timeout.
+   per part from a live peer holding a replica of it first (``ckptflow.peer``), then warm, then
+   cold, each file verified while downloaded and renamed into the node's hot root (a replacement
+   node holds its part again); a peer replica that fails verification is quarantined on the peer
+   and the next place is used. Ranks wait for each other through the coordination store, whose
+   waits can outlast any process-group timeout.
 5. Each rank loads into shadow buffers (the staging buffers), every span's CRC checked in the same
    read that loads it. If any rank read a corrupt span, the node holding that file quarantines its
    part and every rank tries again (the same step from a tier if one holds it, else an older step).
@@ -22,13 +24,12 @@ Called at every start, on every rank, in the training thread (where collectives 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,8 @@ from ckptflow.training_hooks.inventory import (
     undecided_parts,
 )
 from ckptflow.training_hooks.nodes import Topology
+from ckptflow.training_hooks.peer_sources import PeerAccess, peer_holders
+from ckptflow.training_hooks.restore_fetch import fetch_all, note_fetched
 from ckptflow.training_hooks.staging import HostStager
 from ckptflow.training_hooks.stateful import RNGState
 from ckptflow.training_hooks.verified_reader import CorruptRead, ReadHook, VerifiedReader
@@ -82,11 +85,12 @@ class RestoreReport:
     path: Path | None = None
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (step, why it was not used)
     removed_partials: list[str] = field(default_factory=list)
-    source: str = "hot"  # "hot", or the tier this rank fetched the files its node lacked from
+    source: str = "hot"  # "hot", or where this rank fetched the files its node lacked ("peer <host>", a tier)
     node: int = 0
     nodes: int = 1
     fetched_files: int = 0  # files this rank downloaded from colder tiers into its node's hot root
     fetched_bytes: int = 0
+    fetched_by_source: dict[str, int] = field(default_factory=dict)  # "peer <host>" / tier -> bytes
     fetch_s: float = 0.0
     load_s: float = 0.0  # reading, verifying and deserializing (one pass)
     verify_s: float = 0.0  # of load_s: computing and comparing checksums
@@ -139,6 +143,8 @@ class RestoreContext:
     # rank 0: (step, save id, reason) of each save attempt whose unfinished files were removed
     record_unfinished: Callable[[int, str, str], None] | None = None
     read_hook: ReadHook | None = None
+    peers: PeerAccess | None = None  # the replication secret (endpoints filled in at restore)
+    peer_endpoints: Callable[[list[str]], dict[str, str]] | None = None  # rank 0: host -> url
 
 
 @dataclass
@@ -159,11 +165,13 @@ def restore(ctx: RestoreContext, state: dict[str, Any]) -> RestoreReport:
             log.info("removed stale partial checkpoint directory %s", path)
     ctx.on_phase("restore:inventory")
     mine = scan_node(ctx.root, topo.node) if topo.is_leader else None
-    listed = _list_tiers(ctx) if topo.is_coordinator else None
+    listed = (_list_tiers(ctx), _list_peers(ctx)) if topo.is_coordinator else None
     gathered = ranks.all_gather((mine, [Path(p).name for p in report.removed_partials]))
     inventories = [inv for inv, _ in gathered if inv is not None]
     removed_everywhere = [(rank, name) for rank, (_, names) in enumerate(gathered) for name in names]
-    tier_steps: dict[str, list[int]] = ranks.broadcast(listed)
+    tier_steps, endpoints = ranks.broadcast(listed)
+    if ctx.peers is not None:
+        ctx.peers = replace(ctx.peers, endpoints=endpoints)
     exhausted: set[int] = set()
     tries: Counter[int] = Counter()
     while True:
@@ -229,6 +237,17 @@ def _list_tiers(ctx: RestoreContext) -> dict[str, list[int]]:
     return listed
 
 
+def _list_peers(ctx: RestoreContext) -> dict[str, str]:
+    """Rank 0: host -> peer server address of this job's nodes' agents ({} without replication)."""
+    if ctx.peers is None or ctx.peer_endpoints is None or ctx.topology.node_count < 2:
+        return {}
+    try:
+        return ctx.peer_endpoints(list(ctx.topology.hosts)) or {}
+    except Exception as exc:  # noqa: BLE001 - without the addresses restore uses warm and cold
+        log.warning("peer addresses unavailable for restore (%s); warm and cold only", exc)
+        return {}
+
+
 def _discard_undecided(root: Path, step: int) -> None:
     from ckptflow.training_hooks.finalize import discard  # noqa: PLC0415
 
@@ -290,9 +309,19 @@ def _try_step(
     if errors:
         raise CheckpointLoadError(errors[0])
     locations, needs = reads.choose({p for r in topo.node_ranks for p in first[r][1]})
+    peers = peer_holders(
+        inventories,
+        topo.hosts,
+        ctx.peers,
+        topo.node,
+        step,
+        manifest,
+        checksums.checksum_bytes(manifest_bytes),
+    )
     unreachable = ""
-    if needs and not tiers:
-        missing = sorted(needs)[0]
+    uncovered = sorted(p for p in needs if (e := manifest.entry(p)) is None or e.node not in peers)
+    if uncovered and not tiers:
+        missing = uncovered[0]
         unreachable = (
             f"{missing} is needed on node {topo.node} but held by {_holders(inventories, step, missing)}"
         )
@@ -305,11 +334,11 @@ def _try_step(
     node_needs = sorted({p for r in topo.node_ranks for p in everyone[r][1]})
     if any(n for _, n, _ in everyone):
         ctx.on_phase("restore:fetch")
-        failed = _fetch_all(ctx, step, manifest, node_needs, tiers, report, attempt)
+        failed = fetch_all(ctx, step, manifest, node_needs, peers, tiers, report, attempt)
         if failed:
             return _Attempt(reason=failed, exhaust=True)
         for rank, (_, fetched, _) in enumerate(everyone):
-            _note_fetched(inventories, topo.node_of(rank), step, manifest, fetched)
+            note_fetched(inventories, topo.node_of(rank), step, manifest, fetched)
     if topo.is_leader and directory.is_dir():
         _write_back_decision(directory, manifest_bytes, metadata_bytes)
 
@@ -378,7 +407,11 @@ def _holders(inventories: list[NodeInventory], step: int, path: str) -> str:
     nodes = [
         inv.node for inv in inventories if path in inv.steps.get(step, StepHolding(step, None, {})).files
     ]
-    return f"node(s) {nodes} and no colder tier" if nodes else "no node and no colder tier"
+    return (
+        f"node(s) {nodes} (no live peer replica) and no colder tier"
+        if nodes
+        else "no node, no live peer replica and no colder tier"
+    )
 
 
 # --- planning --------------------------------------------------------------------------------
@@ -468,110 +501,6 @@ def _plan_reads(
         elif local is not places[0]:
             reads.local[item.storage_index] = local
     return reads
-
-
-# --- fetching ----------------------------------------------------------------------------------
-
-
-def _fetch_all(
-    ctx: RestoreContext,
-    step: int,
-    manifest: Manifest,
-    node_needs: list[str],
-    tiers: list[Tier],
-    report: RestoreReport,
-    attempt: int,
-) -> str:
-    """Fetch this node's missing files (split over its ranks, each rank trying warm, then cold),
-    then wait for every rank through the store. "" when every rank got its files, else why not."""
-    topo = ctx.topology
-    members = topo.node_ranks
-    assigned = [p for i, p in enumerate(node_needs) if members[i % len(members)] == topo.rank]
-    directory = ctx.root / layout.committed_name(step)
-    held_before = directory.is_dir() and any(p.is_file() for p in directory.iterdir())
-    result: dict[str, Any] = {"ok": True, "bytes": 0, "files": 0}
-    t0 = time.perf_counter()
-    if assigned:
-        log.info("step %d: fetching %s into this node's %s", step, assigned, directory)
-        entries = [manifest.entry(p) for p in assigned]
-        for tier in tiers:
-            try:
-                moved = tier.fetch_files(ctx.run, step, [e for e in entries if e is not None], directory)
-            except TierError as exc:
-                log.error(
-                    "fetching %d file(s) of step %d from %s failed: %s", len(assigned), step, tier.name, exc
-                )
-                result = {"ok": False, "tier": tier.name, "error": str(exc)}
-                continue
-            result = {"ok": True, "bytes": moved.bytes, "files": moved.files, "tier": tier.name}
-            log.info(
-                "step %d was %s on the hot tier: fetched from %s in %.2f s (%d file(s), %.1f MB)",
-                step,
-                "partly" if held_before else "not",
-                tier.name,
-                moved.seconds,
-                moved.files,
-                moved.bytes / 1e6,
-            )
-            report.source = tier.name
-            break
-    report.fetch_s += time.perf_counter() - t0
-    if result.get("ok"):
-        report.fetched_bytes += int(result["bytes"])
-        report.fetched_files += int(result["files"])
-    results = _store_barrier(ctx, f"restore-{ctx.attempt_id}-{step}-{attempt}", result)
-    bad = [(r, res) for r, res in enumerate(results) if not res.get("ok")]
-    if bad:
-        rank, res = bad[0]
-        return f"rank {rank} could not fetch its files from any tier: {res.get('error')}"
-    return ""
-
-
-def _store_barrier(ctx: RestoreContext, name: str, mine: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every rank's ``mine``, exchanged through the coordination store: the wait (a long fetch on
-    another node) is bounded by ``fetch_timeout_s``, not by the process group's timeout."""
-    topo = ctx.topology
-    if topo.world_size == 1:
-        return [mine]
-    prefix = f"ckptflow/{ctx.run}/{name}/"
-    store = ctx.store
-    store.set(f"{prefix}rank/{topo.rank}", json.dumps(mine).encode())
-    keys = [f"{prefix}rank/{r}" for r in range(topo.world_size)]
-    if topo.is_coordinator:
-        if not store.wait(keys, ctx.fetch_timeout_s):
-            late = [k.rsplit("/", 1)[1] for k in store.missing(keys)]
-            summary = json.dumps({"late": late}).encode()
-        else:
-            summary = json.dumps({"results": [json.loads(v) for v in store.multi_get(keys)]}).encode()
-        store.set(f"{prefix}summary", summary)
-    if not store.wait([f"{prefix}summary"], ctx.fetch_timeout_s + 60.0):
-        raise TimeoutError(f"restore: no fetch summary from rank 0 within {ctx.fetch_timeout_s:g} s")
-    body = json.loads(store.get(f"{prefix}summary"))
-    if store.add(f"{prefix}read", 1) == topo.world_size:  # the last reader deletes the round
-        store.delete([*keys, f"{prefix}summary", f"{prefix}read"])
-    if "late" in body:
-        return [
-            {"ok": False, "error": f"did not finish fetching within {ctx.fetch_timeout_s:g} s"}
-            if str(r) in body["late"]
-            else {"ok": True}
-            for r in range(topo.world_size)
-        ]
-    return body["results"]
-
-
-def _note_fetched(
-    inventories: list[NodeInventory], node: int, step: int, manifest: Manifest, paths: list[str]
-) -> None:
-    inv = next((i for i in inventories if i.node == node), None)
-    if inv is None:
-        return
-    holding = inv.steps.get(step, StepHolding(step, None, {}))
-    files = dict(holding.files)
-    for path in paths:
-        entry = manifest.entry(path)
-        if entry is not None:
-            files[path] = entry.size
-    inv.steps[step] = StepHolding(step, holding.decided, files, holding.part_save_id)
 
 
 def _write_back_decision(directory: Path, manifest_bytes: bytes, metadata_bytes: bytes) -> None:

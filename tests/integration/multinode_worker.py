@@ -144,6 +144,7 @@ def report_of(ckpt: Checkpointer) -> dict[str, Any]:
         "rejected": report.rejected,
         "fetched_bytes": report.fetched_bytes,
         "fetched_files": report.fetched_files,
+        "fetched_by_source": report.fetched_by_source,
         "bytes_read": report.bytes_read,
         "node": report.node,
         "nodes": report.nodes,

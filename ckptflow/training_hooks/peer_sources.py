@@ -1,0 +1,120 @@
+"""Peer replicas as places restore fetches a missing part from (before warm and cold).
+
+A node that lost its disk finds the newest copy of its part on a peer that is part of the job (its
+leader listed the replica in the inventory every rank exchanged) and whose agent serves it (its
+address registered in the catalog). Every byte is verified while downloaded (``ckptflow.peer``'s
+fetch); a replica whose bytes do not match is quarantined on the peer and the next place is tried.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ckptflow.peer import PartId, PeerCorrupt, PeerError
+from ckptflow.policy.replication import ReplicationConfig, ReplicationSecretError
+from ckptflow.storage.manifest import FileEntry, Manifest
+from ckptflow.storage.tier import TransferResult
+from ckptflow.training_hooks.inventory import NodeInventory
+
+log = logging.getLogger("ckptflow.restore")
+
+
+@dataclass(frozen=True)
+class PeerAccess:
+    """How this rank reaches peers: the shared secret and host -> address of the running agents
+    (rank 0 reads the addresses from the catalog and every rank gets the same map)."""
+
+    secret: str = field(repr=False)
+    endpoints: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 60.0
+    retries: int = 3
+
+
+def peer_access(config: ReplicationConfig) -> PeerAccess | None:
+    """The access ``replication:`` gives, or None when it configures no usable secret (logged:
+    restore then fetches a lost part from warm and cold only)."""
+    try:
+        secret = config.secret()
+    except ReplicationSecretError as exc:
+        if config.secret_file is not None or config.secret_env is not None:
+            log.error("restore will not fetch from peers: %s", exc)
+        return None
+    return PeerAccess(secret, timeout_s=config.timeout_s, retries=config.retries)
+
+
+class PeerPartSource:
+    """One peer's replica of one part, fetched like a tier's copy (``fetch_files``)."""
+
+    def __init__(self, access: PeerAccess, host: str, url: str, part: PartId) -> None:
+        self.access, self.host, self.url, self.part = access, host, url, part
+        self.name = f"peer {host}"
+
+    def fetch_files(self, run: str, step: int, entries: list[FileEntry], directory: Path) -> TransferResult:
+        """Download ``entries`` into ``directory``, verified; on a corrupt file the peer's replica is
+        quarantined (its agent moves it aside) and PeerCorrupt raised, naming the file."""
+        from ckptflow.peer.client import PeerClient  # noqa: PLC0415 - httpx only when a peer is used
+
+        t0 = time.perf_counter()
+        with PeerClient(
+            self.url, self.access.secret, timeout_s=self.access.timeout_s, retries=self.access.retries
+        ) as c:
+            try:
+                moved = c.fetch_part(run, step, self.part, entries, directory)
+            except PeerCorrupt as exc:
+                try:
+                    where = c.quarantine_replica(run, step, self.part, f"restore: {exc}")
+                    log.error(
+                        "peer %s: its copy of %s of step %d is corrupt (%s); quarantined as %s",
+                        self.host,
+                        self.part,
+                        step,
+                        exc,
+                        where,
+                    )
+                except PeerError as qexc:
+                    log.error(
+                        "peer %s: its copy of %s of step %d is corrupt (%s); quarantining it failed: %s",
+                        self.host,
+                        self.part,
+                        step,
+                        exc,
+                        qexc,
+                    )
+                raise
+        log.info(
+            "step %d: %s from peer %s in %.2f s (%d file(s), %.1f MB)",
+            step, self.part, self.host, time.perf_counter() - t0, moved.files, moved.bytes / 1e6,
+        )  # fmt: skip
+        return moved
+
+
+def peer_holders(
+    inventories: list[NodeInventory],
+    hosts: tuple[str, ...],
+    access: PeerAccess | None,
+    node: int,
+    step: int,
+    manifest: Manifest,
+    manifest_crc: str,
+) -> dict[int, list[tuple[str, str]]]:
+    """part -> [(host, url)] of the job's other nodes that hold a committed replica of that part of
+    exactly this checkpoint (same manifest), whole, and whose agent is registered."""
+    if access is None:
+        return {}
+    holders: dict[int, list[tuple[str, str]]] = {}
+    for inv in sorted(inventories, key=lambda i: i.node):
+        if inv.node == node or inv.node >= len(hosts):
+            continue
+        url = access.endpoints.get(hosts[inv.node])
+        if not url:
+            continue
+        for (held_step, part), replica in inv.replicas.items():
+            if held_step != step or replica.decided != manifest_crc:
+                continue
+            wanted = [e for e in manifest.files if e.node == part]
+            if wanted and all(replica.files.get(e.path) == e.size for e in wanted):
+                holders.setdefault(part, []).append((hosts[inv.node], url))
+    return holders

@@ -1,0 +1,164 @@
+"""Restore's fetch: the files a node lacks, per part from a live peer replica, then warm, then cold.
+
+The ranks of the node that needs them split the files; every node fetches in parallel, and the ranks
+meet afterwards through the coordination store (a long fetch outlasts any process-group timeout).
+Each file is verified while downloaded and renamed into this node's hot root whole, so a replacement
+node holds its part again; a source that fails part-way leaves its verified files and the next one
+brings only the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ckptflow.peer import PartId
+from ckptflow.storage import layout
+from ckptflow.storage.manifest import FileEntry, Manifest
+from ckptflow.storage.tier import Tier, TierError
+from ckptflow.training_hooks.inventory import NodeInventory, StepHolding
+from ckptflow.training_hooks.peer_sources import PeerPartSource
+
+if TYPE_CHECKING:
+    from ckptflow.training_hooks.restore import RestoreContext, RestoreReport
+
+log = logging.getLogger("ckptflow.restore")
+
+
+def fetch_all(
+    ctx: RestoreContext,
+    step: int,
+    manifest: Manifest,
+    node_needs: list[str],
+    peers: dict[int, list[tuple[str, str]]],
+    tiers: list[Tier],
+    report: RestoreReport,
+    attempt: int,
+) -> str:
+    """Fetch this node's missing files (split over its ranks; each part from its live peer
+    replicas, then warm, then cold), then wait for every rank through the store. "" when every
+    rank got its files, else why not."""
+    topo = ctx.topology
+    members = topo.node_ranks
+    assigned = [p for i, p in enumerate(node_needs) if members[i % len(members)] == topo.rank]
+    directory = ctx.root / layout.committed_name(step)
+    held_before = directory.is_dir() and any(p.is_file() for p in directory.iterdir())
+    result: dict[str, Any] = {"ok": True, "bytes": 0, "files": 0}
+    t0 = time.perf_counter()
+    if assigned:
+        log.info("step %d: fetching %s into this node's %s", step, assigned, directory)
+        by_part: dict[int, list[FileEntry]] = {}
+        for path in assigned:
+            entry = manifest.entry(path)
+            if entry is not None:
+                by_part.setdefault(entry.node, []).append(entry)
+        for part, entries in sorted(by_part.items()):
+            sources: list[Any] = [
+                PeerPartSource(ctx.peers, host, url, PartId.of(manifest, part))  # type: ignore[arg-type]
+                for host, url in peers.get(part, [])
+            ]
+            result = _fetch_from_first(ctx, step, entries, [*sources, *tiers], directory, held_before, report)
+            if not result["ok"]:
+                break
+    report.fetch_s += time.perf_counter() - t0
+    results = _store_barrier(ctx, f"restore-{ctx.attempt_id}-{step}-{attempt}", result)
+    bad = [(r, res) for r, res in enumerate(results) if not res.get("ok")]
+    if bad:
+        rank, res = bad[0]
+        return f"rank {rank} could not fetch its files from any peer or tier: {res.get('error')}"
+    return ""
+
+
+def _fetch_from_first(
+    ctx: RestoreContext,
+    step: int,
+    entries: list[FileEntry],
+    sources: list[Any],
+    directory: Path,
+    held_before: bool,
+    report: RestoreReport,
+) -> dict[str, Any]:
+    """``entries`` from the first of ``sources`` (peers, then tiers) that delivers them all; a
+    source that fails part-way leaves its verified files, and the next fetches only the rest."""
+    result: dict[str, Any] = {"ok": False, "error": "no peer or tier holds them"}
+    for source in sources:
+        todo = [e for e in entries if not _whole(directory / e.path, e.size)]
+        if not todo:
+            break
+        try:
+            moved = source.fetch_files(ctx.run, step, todo, directory)
+        except TierError as exc:  # PeerError is one: an unreachable or corrupt peer, a bad tier copy
+            log.error("fetching %d file(s) of step %d from %s failed: %s", len(todo), step, source.name, exc)
+            result = {"ok": False, "source": source.name, "error": f"{source.name}: {exc}"}
+            continue
+        log.info(
+            "step %d was %s on this node's hot tier: %d file(s), %.1f MB from %s in %.2f s",
+            step, "partly" if held_before else "not", moved.files, moved.bytes / 1e6, source.name,
+            moved.seconds,
+        )  # fmt: skip
+        report.fetched_bytes += moved.bytes
+        report.fetched_files += moved.files
+        report.fetched_by_source[source.name] = report.fetched_by_source.get(source.name, 0) + moved.bytes
+        report.source = (
+            source.name if report.source in ("hot", source.name) else f"{report.source}, {source.name}"
+        )
+        result = {"ok": True, "source": source.name}
+        break
+    return result
+
+
+def _whole(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except FileNotFoundError:
+        return False
+
+
+def _store_barrier(ctx: RestoreContext, name: str, mine: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's ``mine``, exchanged through the coordination store: the wait (a long fetch on
+    another node) is bounded by ``fetch_timeout_s``, not by the process group's timeout."""
+    topo = ctx.topology
+    if topo.world_size == 1:
+        return [mine]
+    prefix = f"ckptflow/{ctx.run}/{name}/"
+    store = ctx.store
+    store.set(f"{prefix}rank/{topo.rank}", json.dumps(mine).encode())
+    keys = [f"{prefix}rank/{r}" for r in range(topo.world_size)]
+    if topo.is_coordinator:
+        if not store.wait(keys, ctx.fetch_timeout_s):
+            late = [k.rsplit("/", 1)[1] for k in store.missing(keys)]
+            summary = json.dumps({"late": late}).encode()
+        else:
+            summary = json.dumps({"results": [json.loads(v) for v in store.multi_get(keys)]}).encode()
+        store.set(f"{prefix}summary", summary)
+    if not store.wait([f"{prefix}summary"], ctx.fetch_timeout_s + 60.0):
+        raise TimeoutError(f"restore: no fetch summary from rank 0 within {ctx.fetch_timeout_s:g} s")
+    body = json.loads(store.get(f"{prefix}summary"))
+    if store.add(f"{prefix}read", 1) == topo.world_size:  # the last reader deletes the round
+        store.delete([*keys, f"{prefix}summary", f"{prefix}read"])
+    if "late" in body:
+        return [
+            {"ok": False, "error": f"did not finish fetching within {ctx.fetch_timeout_s:g} s"}
+            if str(r) in body["late"]
+            else {"ok": True}
+            for r in range(topo.world_size)
+        ]
+    return body["results"]
+
+
+def note_fetched(
+    inventories: list[NodeInventory], node: int, step: int, manifest: Manifest, paths: list[str]
+) -> None:
+    inv = next((i for i in inventories if i.node == node), None)
+    if inv is None:
+        return
+    holding = inv.steps.get(step, StepHolding(step, None, {}))
+    files = dict(holding.files)
+    for path in paths:
+        entry = manifest.entry(path)
+        if entry is not None:
+            files[path] = entry.size
+    inv.steps[step] = StepHolding(step, holding.decided, files, holding.part_save_id)
