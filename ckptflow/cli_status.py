@@ -94,6 +94,27 @@ def _tiers_table(report: StatusReport) -> Table:
     return table
 
 
+def _parts_table(report: StatusReport) -> Table | None:
+    """Which node holds which part of each run's newest checkpoints (multi-node runs only)."""
+    rows = [
+        (status.run, step, held)
+        for status in report.runs
+        for step, held in status.parts.items()
+        if len(held) > 1 or any(len(hosts) > 1 for hosts in held.values())
+    ]
+    if not rows:
+        return None
+    table = Table(title="parts on the nodes' own disks (newest checkpoints)", title_justify="left")
+    table.add_column("run", overflow="fold")
+    table.add_column("step", justify="right", no_wrap=True)
+    table.add_column("part: nodes holding it", overflow="fold")
+    for run, step, held in rows:
+        table.add_row(
+            escape(run), str(step), escape("; ".join(f"{k}: {', '.join(h)}" for k, h in held.items()))
+        )
+    return table
+
+
 def _budget_line(report: StatusReport) -> str:
     spent = f"${report.usd_month:,.2f}/month"
     if report.policy_path is None:
@@ -137,6 +158,9 @@ def status_command(
         console.print(_runs_table(report))
     else:
         typer.echo("no checkpoints recorded in the catalog")
+    parts = _parts_table(report)
+    if parts is not None:
+        console.print(parts)
     console.print(_tiers_table(report))
     typer.echo(_budget_line(report))
     typer.echo(" ".join(f"{key}={value}" for key, value in report.summary().items()))

@@ -4,9 +4,10 @@ Per run: the newest live (committed or verified) step; per tier, the newest live
 replica (a READY replica was verified against the manifest when it was made); the promotions still
 owed (a live checkpoint whose warm or cold copy is missing, in flight, corrupt or lost; a copy
 retention deleted on purpose is not owed) and the run's undelivered outbox events; the last drill;
-and $/month of the replicas that hold storage. $/month follows ``ckptflow cost`` (cost_ops): the
-prices of ``ckptflow.yaml``, every replica but lost and deleted ones. The budget is the retention
-policy's (overall and per tier).
+and $/month of the replicas that hold storage; for its newest live checkpoints, which node holds
+which part on its own disk (its own part, and with peer replication the copies of other nodes').
+$/month follows ``ckptflow cost`` (cost_ops): the prices of ``ckptflow.yaml``, every replica but
+lost and deleted ones. The budget is the retention policy's (overall and per tier).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ SETTLED_REPLICA_STATES = ("ready", "deleted")  # nothing owed: verified there, o
 NO_STORAGE_STATES = ("deleted", "lost")  # as cost_ops counts: these replicas hold no bytes
 DEFAULT_POLICY_NAME = "retention.yaml"
 _OUTBOX_SCAN = 100_000
+PARTS_STEPS_SHOWN = 3  # newest live checkpoints whose part holders status lists
 _LIVE = {s.value for s in LIVE_STATES}
 
 
@@ -60,6 +62,8 @@ class RunStatus:
     last_drill: DrillVerdict | None
     bytes_held: int
     usd_month: float
+    # newest live steps first: step -> part -> hosts holding it READY on their disks (PartReplica)
+    parts: dict[int, dict[int, list[str]]] = field(default_factory=dict)
 
     @property
     def protected(self) -> bool:
@@ -126,18 +130,29 @@ def run_statuses(
 ) -> list[RunStatus]:
     """One status per run of the catalog (or just ``run``, listed even if the catalog has none of it)."""
     live: dict[str, list[int]] = defaultdict(list)
+    parts: dict[str, dict[int, dict[int, list[str]]]] = defaultdict(dict)
     for cp in catalog.checkpoints(run):  # newest step first
         live[cp.run] += [cp.step] if cp.state in LIVE_STATES else []
+        if cp.state in LIVE_STATES and len(parts[cp.run]) < PARTS_STEPS_SHOWN:
+            held: dict[int, list[str]] = defaultdict(list)
+            for row in catalog.parts(cp.id):  # type: ignore[arg-type]
+                if row.state.value == "ready":
+                    held[row.part].append(row.holder)
+            if held:
+                parts[cp.run][cp.step] = dict(sorted(held.items()))
     replicas: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in _replica_rows(catalog):
         replicas[row["run"]].append(row)
     events = Counter(e.run for e in catalog.undelivered_events(limit=_OUTBOX_SCAN))
     skipped = skipped_tiers(catalog, run)  # the retention policy said no: not owed a copy
     names = sorted(set(live) | ({run} if run is not None else set()))
-    return [
+    statuses = [
         _run_status(catalog, name, live[name], replicas[name], events[name], tiers, prices, skipped)
         for name in names
     ]
+    for status in statuses:
+        status.parts = parts.get(status.run, {})
+    return statuses
 
 
 def _run_status(

@@ -248,3 +248,21 @@ def test_bad_inputs_exit_2_with_one_line(config: Path, tmp_path: Path) -> None:
 
 def test_a_report_with_no_tier_costs_is_within_budget() -> None:
     assert not StatusReport(runs=[], tiers=["hot"]).over_budget
+
+
+def test_status_shows_which_node_holds_which_part(config: Path, catalog: Catalog) -> None:
+    catalog.record_parts(
+        "alpha",
+        300,
+        [(0, "node0", "/hot/alpha/step-300", 10), (1, "node1", "/hot/alpha/step-300", 10)]
+        + [(0, "node1", "node1:/hot/alpha/peers/part-0-of-2/step-300", 10)]
+        + [(1, "node0", "node0:/hot/alpha/peers/part-1-of-2/step-300", 10)],
+    )
+    catalog.record_parts("alpha", 200, [(0, "node0", "/hot/alpha/step-200", 10)])
+    catalog.record_parts("alpha", 200, [(1, "node1", "/hot/alpha/step-200", 10)], ReplicaState.LOST)
+    code, out, _ = _invoke("status", "--config", config, "--run", "alpha")
+    assert code == 0, out
+    assert "parts on the nodes' own disks" in out
+    rows = [line for line in out.splitlines() if "│ alpha" in line and ": node" in line]
+    cells = [[c.strip() for c in row.strip("│").split("│")] for row in rows]
+    assert cells == [["alpha", "300", "0: node0, node1; 1: node0, node1"]]  # step 200: one part, one node
