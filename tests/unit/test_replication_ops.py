@@ -80,3 +80,30 @@ def test_peer_bind_names_the_option() -> None:
         parse_bind("10.1.0.7:http", "127.0.0.1", 8470)
     with pytest.raises(ValueError, match="--peer-bind"):
         parse_bind("10.1.0.7:70000", "127.0.0.1", 8470)
+
+
+def test_an_agent_asked_to_replicate_without_a_usable_secret_refuses_to_start(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "ckptflow.yaml"
+    base = (
+        f"catalog: sqlite:///{tmp_path / 'c.db'}\ntiers:\n  hot: {{kind: posix, root: {tmp_path / 'hot'}}}\n"
+    )
+    weak = tmp_path / "secret"
+    weak.write_text("short\n")
+    weak.chmod(0o600)
+    for replication, expected in (
+        ("replication: {factor: 2}\n", "no secret configured"),
+        (f"replication: {{factor: 2, secret_file: {weak}}}\n", "at least 16 are required"),
+    ):
+        config.write_text(base + replication)
+        proc = subprocess.run(
+            [sys.executable, "-m", "ckptflow.agent", "--config", str(config), "--no-catch-up"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert expected in proc.stderr and "replication" in proc.stderr and "short" not in proc.stderr
+        assert not (tmp_path / "hot").exists() or not any((tmp_path / "hot").iterdir())
