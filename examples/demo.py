@@ -9,13 +9,16 @@ lost and replaced along the way.
    and the recovery drill on schedules). A running stack from ``--keep-up`` is reused.
 2. Two nodes: Linux mount namespaces, each with its own directory mounted at the config's hot root
    (node-local NVMe: the same path, different disks), each running ``ckptflow agent`` (its own
-   promote-part deployment). Without root, an unprivileged user namespace does the same.
+   promote-part and replicate-part deployments, and a peer server for the other node). Without
+   root, an unprivileged user namespace does the same.
 3. A reference run of examples/train_tiny.py on both nodes (one rank each), uninterrupted and without
    the pipeline: the ground truth.
 4. The same training with the pipeline: every commit's staged event makes each node's agent copy its
-   part to warm; the node that completes warm publishes it and the pipeline copies it to cold. Node 1
-   dies in the middle of a background save and is replaced by a machine with an empty disk; the job
-   restarts, node 1 fetches its part from warm, and the run ends bit-identical to the reference.
+   part to warm and to the other node's disk (peer replication); the node that completes warm
+   publishes it and the pipeline copies it to cold. Node 1 dies in the middle of a background save
+   and is replaced by a machine with an empty disk; the job restarts from the newest checkpoint
+   whose parts survive (node 1's from node 0's replica, else from warm), node 1 writes its part
+   back to its new disk, and the run ends bit-identical to the reference.
 5. Wait for the promotions; apply the demo retention policy (examples/demo_retention.yaml); run a
    recovery drill that restores the newest cold copy into a 1-rank scratch job (saved on 2) and
    compares its loss.
@@ -190,7 +193,11 @@ def two_node_lifecycle(
         pace = ["--step-sleep", str(TWO_NODE_STEP_SLEEP_S)]
         argv = train_argv(args, ["--config", str(config), "--run-name", run, *pace])[2:]
         events = demo_nodes.run_with_a_node_replaced(
-            nodes, argv, result_json, lambda: newest_ready(config, run, "warm")
+            nodes,
+            argv,
+            result_json,
+            lambda: newest_ready(config, run, "warm"),
+            lambda: newest_ready(config, run, "hot"),
         )
         if events is None:
             print(f"the training failed; see the logs under {runs_dir}")
@@ -212,6 +219,11 @@ def two_node_lifecycle(
         resumed = happened["job restarted on both nodes, resumed from step"]
         # A later checkpoint may reach warm between the kill and the restart (its promotion was
         # under way): at least the one on warm when node 1 died.
+        newest = happened["newest committed checkpoint then"]
+        print(
+            f"    resumed from the newest committed checkpoint (node 1's part from its peer): "
+            f"{'YES' if resumed == newest else f'NO (step {newest} was not replicated yet)'}"
+        )
         if resumed < happened["newest checkpoint on warm then"]:
             print(f"    expected to resume from the newest checkpoint on warm, resumed from step {resumed}")
             return False

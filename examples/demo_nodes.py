@@ -95,7 +95,11 @@ def train(nodes: TwoNodes, extra: list[str], tag: str) -> None:
 
 
 def run_with_a_node_replaced(
-    nodes: TwoNodes, argv: list[str], result: Path, newest_on_warm: Callable[[], int | None]
+    nodes: TwoNodes,
+    argv: list[str],
+    result: Path,
+    newest_on_warm: Callable[[], int | None],
+    newest_committed: Callable[[], int | None],
 ) -> list[tuple[str, Any]] | None:
     """Train; once a checkpoint has reached warm, node 1 dies in its next background save (the job
     with it); it is replaced by an empty disk; the job restarts and resumes. Returns what happened,
@@ -126,6 +130,7 @@ def run_with_a_node_replaced(
     nodes.stop_job()  # the job dies with it
     events.append(("node 1 lost during a background save at step", steps[-1] if steps else 0))
     events.append(("newest checkpoint on warm then", warm[-1]))
+    events.append(("newest committed checkpoint then", newest_committed()))
     events.append(("node 1 replaced: empty disk, new agent", "yes"))
     train(nodes, [*argv, "--result", str(result)], "run2")
     started = wait_for_line(nodes.job.nodes[0].log, lambda line: line.startswith("START"), 300, alive)
