@@ -152,6 +152,7 @@ class _Attempt:
     loaded: bool = False
     reason: str = ""
     exhaust: bool = False
+    unreachable: bool = False  # some rank needs a file no node, peer or tier holds: never restorable
 
 
 def restore(ctx: RestoreContext, state: dict[str, Any]) -> RestoreReport:
@@ -173,6 +174,7 @@ def restore(ctx: RestoreContext, state: dict[str, Any]) -> RestoreReport:
     if ctx.peers is not None:
         ctx.peers = replace(ctx.peers, endpoints=endpoints)
     exhausted: set[int] = set()
+    unreachable: dict[int, str] = {}
     tries: Counter[int] = Counter()
     while True:
         steps = candidates(inventories, tier_steps, exhausted)
@@ -190,6 +192,10 @@ def restore(ctx: RestoreContext, state: dict[str, Any]) -> RestoreReport:
         log.warning("step %d cannot be restored: %s", step, attempt.reason)
         if attempt.exhaust:
             exhausted.add(step)
+        if attempt.unreachable:
+            unreachable[step] = attempt.reason
+    if report.path is not None:
+        _set_aside_superseded(ctx, {s: why for s, why in unreachable.items() if s > report.step}, report.step)
     if topo.is_leader:
         for step in undecided_parts(inventories, tier_steps, topo.node):
             if step != report.step:
@@ -235,6 +241,22 @@ def _list_tiers(ctx: RestoreContext) -> dict[str, list[int]]:
             log.warning("tier %s unavailable for restore: %s", tier.name, exc)
             listed[tier.name] = []
     return listed
+
+
+def _set_aside_superseded(ctx: RestoreContext, lost: dict[int, str], restored: int) -> None:
+    """Checkpoints newer than the restored one that can never be restored (a part lost with its node
+    and held by no peer or tier) are superseded: training resumes from ``restored`` and saves those
+    steps again. Each node moves its own parts of them to quarantine (never deleted: a node that
+    comes back with its disk could still complete one by hand), so the new saves of those steps
+    commit instead of meeting a stale ``step-N/``; rank 0 records them CORRUPT with the reason."""
+    for step, why in sorted(lost.items()):
+        reason = f"superseded: unrestorable ({why}); training resumed from step {restored}"
+        directory = ctx.root / layout.committed_name(step)
+        if ctx.topology.is_leader and directory.is_dir():
+            moved = layout.quarantine(ctx.root, directory, reason)
+            log.warning("step %d: this node's part moved to %s: %s", step, moved, reason)
+        if ctx.topology.is_coordinator and ctx.record_corrupt is not None:
+            ctx.record_corrupt(step, reason, None)
 
 
 def _list_peers(ctx: RestoreContext) -> dict[str, str]:
@@ -329,7 +351,9 @@ def _try_step(
     blocked = [(r, why) for r, (_, _, why) in enumerate(everyone) if why]
     if blocked:
         rank, why = blocked[0]
-        return _Attempt(reason=f"rank {rank} cannot read what it needs: {why}", exhaust=True)
+        return _Attempt(
+            reason=f"rank {rank} cannot read what it needs: {why}", exhaust=True, unreachable=True
+        )
 
     node_needs = sorted({p for r in topo.node_ranks for p in everyone[r][1]})
     if any(n for _, n, _ in everyone):

@@ -212,3 +212,14 @@ def test_the_replacement_node_resumes_from_the_newest_checkpoint_warm_holds_comp
     body = yaml.safe_load(world.config.read_text())
     manifest = read_manifest(Path(body["tiers"]["warm"]["root"]) / RUN / layout.committed_name(6))
     assert fetched == {0: 0, 1: manifest.part_bytes(1)}
+
+
+def test_a_checkpoint_lost_with_its_node_is_set_aside_and_saved_again(world: World) -> None:
+    # Step 9's node 1 part never left node 1: after the resume from 6, node 0 moved its part of the
+    # old step 9 to quarantine (never deleted), and the retrained step 9 committed.
+    saves = {s["step"]: s["outcome"] for s in _result(world, "replaced", 0)["saves"]}
+    assert saves == {9: "committed", 12: "committed"}
+    aside = [p for p in (world.disks[0] / RUN / layout.QUARANTINE_DIR).glob("step-9.*")]
+    assert len(aside) == 1 and "superseded" in (aside[0] / "QUARANTINE_REASON.txt").read_text()
+    rejected = dict(_result(world, "replaced", 0)["restore"]["rejected"])
+    assert "cannot read what it needs" in rejected[9]
