@@ -7,6 +7,7 @@ disk remain the truth: :func:`sync_from_root` rebuilds the catalog from them.
 
 from ckptflow.catalog.catalog import STAGED_EVENT, Catalog
 from ckptflow.catalog.engine import normalize_url
+from ckptflow.catalog.leases import ALL_PARTS, LeaseGrant, LeaseKey, LeaseRefusal
 from ckptflow.catalog.models import (
     LIVE_STATES,
     TIERS,
@@ -18,6 +19,7 @@ from ckptflow.catalog.models import (
     DeletionAudit,
     DeletionPhase,
     Drill,
+    Lease,
     OutboxEvent,
     PartReplica,
     PeerEndpoint,
@@ -31,6 +33,7 @@ from ckptflow.catalog.sync import SyncReport, sync_from_root
 from ckptflow.catalog.transitions import CHECKPOINT_TRANSITIONS, REPLICA_TRANSITIONS, IllegalTransition
 
 __all__ = [
+    "ALL_PARTS",
     "AuditFacts",
     "CheckpointFile",
     "CheckpointPin",
@@ -47,6 +50,10 @@ __all__ = [
     "Checkpoint",
     "CheckpointState",
     "IllegalTransition",
+    "Lease",
+    "LeaseGrant",
+    "LeaseKey",
+    "LeaseRefusal",
     "NotFound",
     "OutboxEvent",
     "PartReplica",

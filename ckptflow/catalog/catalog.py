@@ -17,6 +17,8 @@ from sqlalchemy import text
 from sqlmodel import Session, SQLModel, col, select
 
 from ckptflow.catalog import replica_notes, retention_rows
+from ckptflow.catalog import leases as lease_rows
+from ckptflow.catalog import retention_rows
 from ckptflow.catalog.engine import CatalogEngine, dispose_engine, get_engine, normalize_url
 from ckptflow.catalog.models import (
     LIVE_STATES,
@@ -27,6 +29,7 @@ from ckptflow.catalog.models import (
     CheckpointFile,
     CheckpointState,
     Drill,
+    Lease,
     OutboxEvent,
     PartReplica,
     PeerEndpoint,
@@ -513,6 +516,48 @@ class Catalog:
             if run is not None:
                 stmt = stmt.where(Drill.run == run)
             return list(session.exec(stmt))
+
+    # --- leases (the SQL lives in ckptflow.catalog.leases) ---
+
+    def acquire_lease(
+        self,
+        run: str,
+        step: int,
+        tier: str,
+        part: str,
+        *,
+        holder: str,
+        purpose: str,
+        ttl_s: float,
+        work_uri: str | None = None,
+        force: bool = False,
+    ) -> Any:
+        """Take the lease on (run, step, tier, part): a ``LeaseGrant``, or a ``LeaseRefusal`` naming
+        the live holder (``force``: take it over even from a live holder)."""
+        key = lease_rows.LeaseKey(run, step, tier, part)
+        return lease_rows.acquire(
+            self, key, holder=holder, purpose=purpose, ttl_s=ttl_s, work_uri=work_uri, force=force
+        )
+
+    def heartbeat_leases(self, tokens: list[str], ttl_s: float) -> set[str]:
+        """Extend the leases of ``tokens`` by ``ttl_s``; returns the tokens still held."""
+        return lease_rows.heartbeat(self, tokens, ttl_s)
+
+    def release_leases(self, tokens: list[str]) -> int:
+        """Release the leases of ``tokens`` (those still held); returns how many."""
+        return lease_rows.release(self, tokens)
+
+    def leases(
+        self,
+        run: str | None = None,
+        step: int | None = None,
+        tier: str | None = None,
+        *,
+        live_at: Any = None,
+        expired_at: Any = None,
+    ) -> list[Lease]:
+        """Lease rows (``live_at``/``expired_at``: unexpired/expired at that time)."""
+        return lease_rows.leases(self, run, step, tier, live_at=live_at, expired_at=expired_at)
 
     # --- retention (the SQL lives in ckptflow.catalog.retention_rows) ---
 

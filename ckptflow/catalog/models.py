@@ -227,16 +227,18 @@ class CatalogEvent(SQLModel, table=True):
 
 
 class DeletionPhase(enum.StrEnum):
-    """How far one retention deletion has gone."""
+    """How far one retention deletion has gone (or, ``orphan_removed``, what reconcile removed)."""
 
     SOFT_DELETED = "soft_deleted"  # moved aside on its tier (recoverable), replica marked deleted
     PURGED = "purged"  # the moved-aside files removed after the grace period
+    ORPHAN_REMOVED = "orphan_removed"  # objects a dead promotion left without a manifest (reconcile)
 
 
 class DeletionAudit(SQLModel, table=True):
-    """Append-only audit of retention deletions: one row per soft delete and one per purge.
-
-    Each row is written in the same transaction as the replica change it records.
+    """Append-only audit of deletions: one row per retention soft delete and one per purge, each
+    written in the same transaction as the replica change it records; and one per removal of a dead
+    promotion's orphan objects by ``reconcile`` (``replica_id`` 0 when the catalog has no replica
+    row for them), written before the objects are removed.
     """
 
     __tablename__ = "ckptflow_deletion_audit"
@@ -320,6 +322,34 @@ class Drill(SQLModel, table=True):
     flow_run_id: str | None = None
 
 
+class Lease(SQLModel, table=True):
+    """Who owns work in progress on one replica, or one part of it, right now.
+
+    One row per (run, step, tier, part) at most (``part`` is ``all`` for a whole replica, or what one
+    writer copies of it, e.g. ``part-1``). The holder extends ``expires_at`` while it works (its
+    heartbeat) and deletes the row when done; a row past ``expires_at`` belongs to a dead writer and
+    may be taken over, which gives it a new ``token`` (the old holder's heartbeat then finds it lost).
+    The history (acquired, taken over, released) is in the event log. Rows only change through
+    :mod:`ckptflow.catalog.leases`.
+    """
+
+    __tablename__ = "ckptflow_lease"
+    __table_args__ = (UniqueConstraint("run", "step", "tier", "part", name="uq_ckptflow_lease_key"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run: str = Field(index=True)
+    step: int
+    tier: str  # a tier name, or "scratch" (a drill's private copy)
+    part: str = "all"
+    holder: str  # who: purpose, host, pid, flow run
+    purpose: str  # what: promote, promote-part, publish, scrub-repair, restore-fetch, drill-fetch, ...
+    token: str = Field(unique=True)  # this acquisition; a take-over replaces it
+    work_uri: str | None = None  # where the holder's partial work is, for whoever cleans after it
+    acquired_at: datetime = Field(sa_type=UTCDateTime)
+    heartbeat_at: datetime = Field(sa_type=UTCDateTime)
+    expires_at: datetime = Field(sa_type=UTCDateTime, index=True)
+
+
 # Only these tables are created: other code may define SQLModel tables on the shared metadata.
 TABLES = [
     m.__table__  # type: ignore[attr-defined]
@@ -335,5 +365,6 @@ TABLES = [
         DeletionAudit,
         CheckpointPin,
         Drill,
+        Lease,
     )
 ]

@@ -21,6 +21,7 @@ tiers:
 promote:
   workers: 8
   stale_upload_age_s: 3600
+  lease_ttl_s: 120                                  # a dead writer's work is taken over after this
 checkpoint:                                         # the Checkpointer's options (CheckpointOptions)
   deadline_s: 600
   on_busy: skip
@@ -130,6 +131,9 @@ class PromoteConfig(_Strict):
     workers: int = Field(default=8, ge=1, le=256)
     stale_upload_age_s: float = Field(default=3600.0, ge=0)
     stale_partial_age_s: float = Field(default=3600.0, ge=0)
+    # How long a writer's lease on a replica lives without a heartbeat (it beats every quarter of
+    # this): how soon a crashed promotion's work can be resumed or cleaned by another.
+    lease_ttl_s: float = Field(default=120.0, gt=0)
 
 
 class CheckpointConfig(_Strict):
