@@ -21,12 +21,23 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from ckptflow.catalog import Catalog, LeaseKey
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.runners import batch_count, submit, task_runner_for
 from ckptflow.storage.run_names import check_run_name
-from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica
+from ckptflow.storage.tier import Tier
+from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica, replica_states
 from ckptflow.tasks.data_time import DataTime
-from ckptflow.tasks.part_ops import NotOnThisNode, first_colder_tier, node_holding, plan_part, this_host
+from ckptflow.tasks.leases import hold
+from ckptflow.tasks.part_ops import (
+    NodeHolding,
+    NotOnThisNode,
+    first_colder_tier,
+    node_holding,
+    paths_by_part,
+    plan_part,
+    this_host,
+)
 from ckptflow.tasks.part_tasks import announce_published, holding_summary, record_holding
 from ckptflow.tasks.replica_tasks import commit_replica, copy_batch, verify_hot_batch
 from ckptflow.tasks.tiers import batches_of, load
@@ -44,13 +55,13 @@ def promote_part(run: str, step: int, config_path: str, node: str | None = None)
     check_run_name(run, "promote-part: parameter 'run'")  # first: the run comes from an event payload
     logger = get_run_logger()
     started = time.perf_counter()
+    data = DataTime()
     config_path = pinned_path(config_path, "config_path")
     host = node or this_host()
     config, tiers = load(config_path)
     target = first_colder_tier(config)
     tier = tiers[target]
     row: dict[str, Any] = {"run": run, "step": step, "node": host, "tier": target, "files": 0, "bytes": 0}
-    data = DataTime()
     if tier.read_manifest(run, step) is not None:
         logger.info("%s step %d is already published on %s", run, step, target)
         return {**row, "action": "already published", "seconds": round(time.perf_counter() - started, 3)}
@@ -60,8 +71,66 @@ def promote_part(run: str, step: int, config_path: str, node: str | None = None)
         logger.warning("nothing of %s step %d on node %s: %s", run, step, host, exc)
         return {**row, "action": "nothing on this node", "seconds": round(time.perf_counter() - started, 3)}
     checkpoint_id = ensure_checkpoint_row.fn(config_path, run, step)
-    plan = plan_part(holding, tier)
-    batches = batches_of(holding.manifest, plan.to_copy, batch_count(config))
+    if replica_states(config_path, checkpoint_id).get(target) == "deleted":
+        # Retention removed this tier's copy while hot still holds it: copying it back would undo
+        # retention (and the replica cannot become ready again: deleted is final).
+        logger.info(
+            "%s step %d: its %s replica was deleted by retention; not copied again", run, step, target
+        )
+        return {**row, "action": "deleted by retention", "seconds": round(time.perf_counter() - started, 3)}
+    ttl_s = config.promote.lease_ttl_s
+    catalog = Catalog.open(config.catalog)
+    try:
+        plan = plan_part(holding, tier)
+        by_part = paths_by_part(holding.manifest, plan.to_copy)
+        keys = {part: LeaseKey(run, step, target, part) for part in by_part}
+        # One copier per part: another node (a replacement holding a fetched-back part) or a second
+        # run of this flow copying the same part into the same partial directory is skipped.
+        with hold(catalog, keys.values(), "promote-part", ttl_s, work_uri=tier.uri(run, step)) as held:
+            holders = sorted({r.holder for r in held.refused.values()})
+            if holders and not any(held.holds(k) for k in keys.values()):
+                logger.info("%s step %d: every part this node holds is being copied elsewhere", run, step)
+                return {
+                    **row,
+                    "action": "in progress elsewhere",
+                    "holders": holders,
+                    "detail": held.describe_refused(),
+                    "seconds": round(time.perf_counter() - started, 3),
+                }
+            mine = [p for part, paths in by_part.items() if held.holds(keys[part]) for p in paths]
+            copied = _copy_part(config_path, run, step, host, target, holding, mine, checkpoint_id, data)
+            held.check()  # still ours: no other copier wrote these parts meanwhile
+    finally:
+        catalog.dispose()
+    parts = record_holding.fn(config_path, run, step, host, holding)
+    row.update(
+        files=sum(c["files"] for c in copied),
+        bytes=sum(c["bytes"] for c in copied),
+        parts_held=parts,
+        **({"holders": holders} if holders else {}),
+        **{f"held_{k}": v for k, v in holding_summary(holding).items()},
+    )
+    waiting = tier.missing_files(holding.manifest)
+    if waiting:
+        return {**_waiting(config_path, row, holding, tier, checkpoint_id, started), **data.as_row()}
+    return _publish(config_path, row, ttl_s, checkpoint_id, started, data)
+
+
+def _copy_part(
+    config_path: str,
+    run: str,
+    step: int,
+    host: str,
+    target: str,
+    holding: NodeHolding,
+    paths: list[str],
+    checkpoint_id: int,
+    data: DataTime,
+) -> list[dict[str, Any]]:
+    """Verify this node's files ``paths`` against the manifest, then copy them to ``target``."""
+    config, tiers = load(config_path)
+    tier = tiers[target]
+    batches = batches_of(holding.manifest, paths, batch_count(config))
     with task_runner_for(config, threads=PART_THREADS) as runner:
         checks = [submit(runner, verify_hot_batch, config_path, run, step, b) for b in batches]
         verified = [f.result() for f in checks]
@@ -79,30 +148,64 @@ def promote_part(run: str, step: int, config_path: str, node: str | None = None)
             ]
         ]
         data.add_parallel("copy", (c["seconds"] for c in copied))
-    parts = record_holding.fn(config_path, run, step, host, holding)
-    row.update(
-        files=sum(c["files"] for c in copied),
-        bytes=sum(c["bytes"] for c in copied),
-        parts_held=parts,
-        **{f"held_{k}": v for k, v in holding_summary(holding).items()},
-    )
-    waiting = tier.missing_files(holding.manifest)
-    if waiting:
-        who = plan_part(holding, tier).waiting_nodes(holding.manifest)
-        reason = f"waiting for the parts of {', '.join(who)}"
-        record_replica.fn(
-            config_path, checkpoint_id, target, "copying", uri=tier.uri(run, step), reason=reason
-        )
-        logger.info("%s step %d: node %s copied its part to %s; %s", run, step, host, target, reason)
-        return {
-            **row,
-            **data.as_row(),
-            "action": "part copied",
-            "waiting_for": who,
-            "seconds": round(time.perf_counter() - started, 3),
-        }
-    with data.measure("commit"):
-        uri = commit_replica.fn(config_path, run, step, target)
+        return copied
+
+
+def _waiting(
+    config_path: str,
+    row: dict[str, Any],
+    holding: NodeHolding,
+    tier: Tier,
+    checkpoint_id: int,
+    started: float,
+) -> dict[str, Any]:
+    """The tier still lacks other nodes' parts (or parts another copier holds): say whose."""
+    run, step, target, host = row["run"], row["step"], row["tier"], row["node"]
+    who = plan_part(holding, tier).waiting_nodes(holding.manifest)
+    reason = f"waiting for the parts of {', '.join(who)}"
+    record_replica.fn(config_path, checkpoint_id, target, "copying", uri=tier.uri(run, step), reason=reason)
+    get_run_logger().info("%s step %d: node %s copied its part to %s; %s", run, step, host, target, reason)
+    return {
+        **row,
+        "action": "part copied",
+        "waiting_for": who,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def _publish(
+    config_path: str, row: dict[str, Any], ttl_s: float, checkpoint_id: int, started: float, data: DataTime
+) -> dict[str, Any]:
+    """Every file arrived: publish the tier's copy (manifest last) under the replica's lease, which
+    the last two nodes to finish may both want: the second waits a bounded time (``2 * ttl_s``: a
+    publisher that died loses its lease within one) and finds the step published, or publishes it."""
+    run, step, target, host = row["run"], row["step"], row["tier"], row["node"]
+    logger = get_run_logger()
+    config, tiers = load(config_path)
+    catalog = Catalog.open(config.catalog)
+    try:
+        key = LeaseKey(run, step, target)
+        with hold(
+            catalog, [key], "publish", ttl_s, wait_s=2 * ttl_s, work_uri=tiers[target].uri(run, step)
+        ) as held:
+            seconds = round(time.perf_counter() - started, 3)
+            if not held.holds(key):
+                logger.warning(
+                    "%s step %d: not published by node %s: %s", run, step, host, held.describe_refused()
+                )
+                return {
+                    **row,
+                    "action": "publish in progress elsewhere",
+                    "detail": held.describe_refused(),
+                    "seconds": seconds,
+                }
+            if tiers[target].read_manifest(run, step) is not None:
+                return {**row, "action": "already published", "seconds": seconds}
+            held.check()
+            with data.measure("commit"):
+                uri = commit_replica.fn(config_path, run, step, target)
+    finally:
+        catalog.dispose()
     announce_published(run, step, target, host)
     logger.info("%s step %d: node %s completed and published it on %s (%s)", run, step, host, target, uri)
     return {

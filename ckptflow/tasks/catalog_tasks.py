@@ -77,3 +77,14 @@ def record_replica(
         return target.value
     finally:
         catalog.dispose()
+
+
+def replica_states(config_path: str, checkpoint_id: int) -> dict[str, str]:
+    """The catalog's state of each of the checkpoint's replicas, by tier (``deleted``: retention
+    removed it, and nothing may copy it back)."""
+    config, _ = load(config_path)
+    catalog = Catalog.open(config.catalog)
+    try:
+        return {r.tier: ReplicaState(r.state).value for r in catalog.replicas(checkpoint_id)}
+    finally:
+        catalog.dispose()

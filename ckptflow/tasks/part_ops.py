@@ -84,6 +84,21 @@ class PartPlan:
         return [f"node {k} ({hosts.get(k, '?')})" for k in owners]
 
 
+def part_lease(node: int) -> str:
+    """The lease ``part`` of save-time node ``node``'s part: one copier of it at a time."""
+    return f"part-{node}"
+
+
+def paths_by_part(manifest: Manifest, paths: list[str]) -> dict[str, list[str]]:
+    """``paths`` grouped by the lease part (:func:`part_lease`) of the node part each belongs to."""
+    wanted = set(paths)
+    grouped: dict[str, list[str]] = {}
+    for entry in manifest.files:
+        if entry.path in wanted:
+            grouped.setdefault(part_lease(entry.node), []).append(entry.path)
+    return grouped
+
+
 def plan_part(holding: NodeHolding, tier: Tier) -> PartPlan:
     """Copy every file the tier lacks that this node holds; the rest must come from other nodes."""
     missing = tier.missing_files(holding.manifest)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -70,3 +71,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_stack.Stac
             yield running
     finally:
         local_stack.down(directory)
+
+
+@pytest.fixture(scope="session")
+def pipeline_bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One pipeline bench (SeaweedFS and a Prefect server, no served deployments) for the session's
+    tests of flows that must not fight each other; each module enters ``pipeline_env.reporting``."""
+    from pipeline_env import bench
+
+    with bench(tmp_path_factory.mktemp("pipelinebench")) as made:
+        yield made
