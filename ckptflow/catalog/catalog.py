@@ -16,9 +16,8 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import text
 from sqlmodel import Session, SQLModel, col, select
 
-from ckptflow.catalog import replica_notes, retention_rows
 from ckptflow.catalog import leases as lease_rows
-from ckptflow.catalog import retention_rows
+from ckptflow.catalog import replica_notes, retention_rows
 from ckptflow.catalog.engine import CatalogEngine, dispose_engine, get_engine, normalize_url
 from ckptflow.catalog.models import (
     LIVE_STATES,
@@ -516,6 +515,12 @@ class Catalog:
             if run is not None:
                 stmt = stmt.where(Drill.run == run)
             return list(session.exec(stmt))
+
+    def audit(self, kind: str, run: str, step: int | None, **detail: Any) -> None:
+        """Append one row to the event log for work done outside any state change (what a clean-up
+        removed, and why), so ``ckptflow events`` shows it."""
+        with self.write_session() as session:
+            log_event(session, kind, run, step, utcnow(), **detail)
 
     # --- leases (the SQL lives in ckptflow.catalog.leases) ---
 

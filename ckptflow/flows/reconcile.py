@@ -7,7 +7,10 @@ pipeline's worker and never reads a node's disk (each node's agent catches up on
   marked delivered;
 - checkpoints published on the first colder tier (warm) whose colder replicas are missing (a lost
   ``published`` event, a failed promotion) are promoted, newest first, a bounded number per run;
-- interrupted work is cleaned: stale partial directories, incomplete multipart uploads;
+  never one a writer holds a live lease on (its promotion is in flight, not missed), nor a replica
+  retention deleted (``deleted`` is final: copying it back would undo retention);
+- interrupted work is cleaned: stale partial directories; on S3, by lease, not by age: what dead
+  promotions left (objects without a manifest, audited in the event log) and dead uploads;
 - READY replicas whose files vanished from their tier are marked LOST.
 """
 
@@ -18,11 +21,12 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from ckptflow.catalog import STAGED_EVENT, Catalog, ReplicaState
+from ckptflow.catalog import LIVE_STATES, STAGED_EVENT, Catalog, ReplicaState
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.promote import promote
 from ckptflow.tasks.admission import PolicyWanted, policy_for
 from ckptflow.tasks.catalog_tasks import record_replica
+from ckptflow.tasks.lease_cleanup import being_written, still_wanted
 from ckptflow.tasks.part_ops import first_colder_tier
 from ckptflow.tasks.part_tasks import repost_staged
 from ckptflow.tasks.reconcile_ops import missing_tiers, pending_promotions
@@ -53,13 +57,22 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
     first = first_colder_tier(config)
     try:
         policy_wants = PolicyWanted(catalog, policy_for(config_path)[0])
+        live = [cp for cp in catalog.checkpoints() if cp.state in LIVE_STATES]
+        deleted = {(cp.run, cp.step): set(colder) - set(still_wanted(catalog, cp, colder)) for cp in live}
 
         def wanted(run: str, step: int, tier: str) -> bool:
             # The first colder tier always gets every part (the nodes' disks may vanish); colder
-            # tiers only what the retention policy keeps there: a skipped tier is not "missed".
+            # tiers only what the retention policy keeps there: a skipped tier is not "missed";
+            # a replica retention deleted is never wanted again.
+            if tier in deleted.get((run, step), ()):
+                return False
             return tier == first or policy_wants(run, step, tier)
 
-        pending = pending_promotions(catalog.checkpoints(), tiers, first, colder, wanted)
+        pending = [
+            cp
+            for cp in pending_promotions(live, tiers, first, colder, wanted)
+            if not being_written(catalog, cp.run, cp.step)  # a promotion in flight: not missed
+        ]
         for cp in pending[:max_promotions_per_run]:
             try:
                 promote(cp.run, cp.step, config_path)
@@ -79,6 +92,8 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
                 rows.append(
                     {"action": "outbox delivered", "run": event.run, "step": event.step, "detail": ""}
                 )
+            elif being_written(catalog, event.run, event.step):
+                continue  # its promotion is in flight: the event was not missed (looked at next pass)
             elif repost_staged(event.run, event.step, event.payload):
                 catalog.mark_delivered(event.id)
                 rows.append(

@@ -69,6 +69,17 @@ class _Tally:
             self.skipped += skipped
 
 
+@dataclass(frozen=True)
+class IncompleteUpload:
+    """A multipart upload not completed nor aborted; ``run`` None for a key outside any step."""
+
+    key: str
+    upload_id: str
+    initiated: datetime
+    run: str | None
+    step: int
+
+
 class S3Tier:
     """Checkpoints under ``s3://<bucket>/<prefix>/<run>/step-<N>/``.
 
@@ -492,12 +503,44 @@ class S3Tier:
         return self.uri(run, step)
 
     def cleanup_stale(self, older_than_s: float) -> list[str]:
-        """Abort incomplete multipart uploads under the prefix started over ``older_than_s`` ago."""
+        """Abort incomplete multipart uploads under the prefix started over ``older_than_s`` ago (by
+        age alone: the pipeline's reconcile aborts only those whose writer's lease is dead, see
+        :mod:`ckptflow.tasks.lease_cleanup`)."""
         now = datetime.now(UTC)
-        prefix = f"{self.prefix}/" if self.prefix else ""
         aborted = []
-        for upload in list(self.s3.paginate("list_multipart_uploads", "Uploads", Prefix=prefix)):
-            if older_than_s <= 0 or (now - upload["Initiated"]).total_seconds() >= older_than_s:
-                self.s3.abort(upload["Key"], upload["UploadId"])
-                aborted.append(upload["Key"])
+        for upload in self.incomplete_uploads():
+            if older_than_s <= 0 or (now - upload.initiated).total_seconds() >= older_than_s:
+                self.abort_upload(upload)
+                aborted.append(upload.key)
         return aborted
+
+    def abort_upload(self, upload: IncompleteUpload) -> None:
+        """Abort one incomplete multipart upload (its uploaded parts are freed); one gone is fine."""
+        self.s3.abort(upload.key, upload.upload_id)
+
+    def incomplete_uploads(self) -> list[IncompleteUpload]:
+        """Every multipart upload under this tier's prefix not yet completed or aborted."""
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        found = []
+        for upload in list(self.s3.paginate("list_multipart_uploads", "Uploads", Prefix=prefix)):
+            run, step = self._run_step_of(upload["Key"])
+            found.append(IncompleteUpload(upload["Key"], upload["UploadId"], upload["Initiated"], run, step))
+        return found
+
+    def leftover_objects(self, run: str, step: int) -> list[tuple[str, int]]:
+        """(key, size) of the objects under (run, step) when it has neither a manifest (a reader sees
+        nothing) nor a trash marker (retention's soft delete keeps its shards on purpose): what an
+        interrupted upload left behind. Empty when the step is committed or soft-deleted."""
+        base = self._step_key(run, step)
+        objects = [
+            (o["Key"], int(o["Size"])) for o in self.s3.paginate("list_objects_v2", "Contents", Prefix=base)
+        ]
+        names = {key[len(base) :] for key, _ in objects}
+        if MANIFEST_NAME in names or any(n.startswith(MANIFEST_NAME + TRASH_MARK) for n in names):
+            return []
+        return objects
+
+    def _run_step_of(self, key: str) -> tuple[str | None, int]:
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        match = re.match(re.escape(prefix) + r"([^/]+)/step-(\d+)/", key)
+        return (match.group(1), int(match.group(2))) if match else (None, -1)

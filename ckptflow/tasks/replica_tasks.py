@@ -9,10 +9,13 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from ckptflow.catalog import Catalog
 from ckptflow.storage.manifest import Manifest
 from ckptflow.storage.posix_tier import PosixTier
+from ckptflow.storage.s3_tier import S3Tier
 from ckptflow.storage.verify import verify_files
 from ckptflow.tasks import progress
+from ckptflow.tasks.lease_cleanup import clean_remote_tier
 from ckptflow.tasks.tiers import load
 
 
@@ -97,9 +100,17 @@ def verify_replica(config_path: str, run: str, step: int, tier: str) -> dict[str
 
 @task(cache_policy=NO_CACHE)
 def cleanup_tier(config_path: str, tier: str, older_than_s: float) -> list[str]:
-    """Remove interrupted work on a tier: stale partial directories, incomplete multipart uploads."""
-    _, tiers = load(config_path)
-    return tiers[tier].cleanup_stale(older_than_s)
+    """Remove interrupted work on a tier: stale partial directories (no live writer's lock in them);
+    on S3, what dead promotions left, by lease (:mod:`ckptflow.tasks.lease_cleanup`)."""
+    config, tiers = load(config_path)
+    target = tiers[tier]
+    if not isinstance(target, S3Tier):
+        return target.cleanup_stale(older_than_s)
+    catalog = Catalog.open(config.catalog)
+    try:
+        return clean_remote_tier(catalog, target, older_than_s, config.promote.lease_ttl_s)
+    finally:
+        catalog.dispose()
 
 
 @task(cache_policy=NO_CACHE)
