@@ -15,6 +15,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from ckptflow.catalog import Catalog, Drill
 from ckptflow.policy.config import CkptflowConfig
 from ckptflow.policy.drill_spec import DrillSpec
 from ckptflow.tasks import drill_ops
+from ckptflow.tasks.leases import hold, holder_name
 
 log = logging.getLogger("ckptflow.drill")
 
@@ -60,8 +62,13 @@ def run_drill(
     scratch: Path | None = None
     holder = f"drill:{drill.id}"
     chosen = None
+    leases = ExitStack()  # the scratch copy's lease: released after the copy is removed
     try:
         t0 = time.perf_counter()
+        for dead in drill_ops.remove_dead_scratch(
+            catalog, holder_name("drill-cleanup"), config.promote.lease_ttl_s
+        ):
+            logger.warning("removed the scratch copy a killed drill left: %s", dead)
         # Chosen and pinned as one: retention cannot delete the choice between the two.
         chosen = steps.choose_and_pin(
             config_path, spec, holder, spec.job_timeout_s + spec.rto_s + PIN_MARGIN_S
@@ -71,6 +78,10 @@ def run_drill(
         catalog.record_drill(drill)
         drill.phases["choose_s"] = time.perf_counter() - t0
         scratch = drill_ops.scratch_directory(spec, config, slug(spec.name))
+        key = drill_ops.scratch_lease(spec.run, chosen.step, scratch)
+        leases.enter_context(
+            hold(catalog, [key], "drill-fetch", config.promote.lease_ttl_s, work_uri=str(scratch))
+        )
         fetched = steps.fetch(config_path, spec, chosen.step, scratch)
         drill.reference_loss = fetched.reference_loss
         drill.saved_world_size = fetched.saved_world_size
@@ -94,10 +105,11 @@ def run_drill(
         logger.exception("drill %s: unexpected error", spec.name)
         return drill_ops.DrillFailure("setup", f"{type(exc).__name__}: {exc}")
     finally:
-        if chosen is not None:
-            catalog.unpin(chosen.checkpoint_id, holder)
-        if scratch is not None:
-            drill_ops.remove_scratch(scratch)
+        with leases:  # released (its heartbeat stopped) even if the clean-up before it raises
+            if chosen is not None:
+                catalog.unpin(chosen.checkpoint_id, holder)
+            if scratch is not None:
+                drill_ops.remove_scratch(scratch)
 
 
 def summary(name: str, drill: Drill) -> dict[str, Any]:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckptflow.catalog import LIVE_STATES, Catalog, ReplicaState
+from ckptflow.catalog import LIVE_STATES, Catalog, LeaseGrant, LeaseKey, ReplicaState
+from ckptflow.catalog.models import utcnow
 from ckptflow.policy.config import CkptflowConfig
 from ckptflow.policy.drill_spec import DrillSpec
 from ckptflow.storage import layout
@@ -29,6 +30,8 @@ from ckptflow.storage.tier import Tier
 from ckptflow.storage.verify import verify_checkpoint
 
 JOB_MODULE = "ckptflow.training_hooks.drill_job"
+SCRATCH_TIER = "scratch"  # the lease "tier" of a drill's private copy (its scratch directory)
+SCRATCH_PREFIX = "ckptflow-drill-"
 FAILED_RANK_GRACE_S = 10.0  # after one rank fails, the others get this long before the group is killed
 
 
@@ -153,7 +156,34 @@ def scratch_directory(spec: DrillSpec, config: CkptflowConfig, label: str) -> Pa
                 "where live checkpoints are: choose another scratch_dir in the drill spec",
             )
     base.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"ckptflow-drill-{label}-", dir=base))
+    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{label}-", dir=base))
+
+
+def scratch_lease(run: str, step: int, scratch: Path) -> LeaseKey:
+    """The lease a drill holds on its scratch copy while it fetches and runs the scratch job: it
+    tells the next drill where a drill that died left its copy (the lease's ``part``)."""
+    return LeaseKey(run, step, SCRATCH_TIER, str(scratch))
+
+
+def remove_dead_scratch(catalog: Catalog, holder: str, ttl_s: float) -> list[str]:
+    """Remove the scratch copies of drills that died (killed: their ``finally`` never ran): every
+    scratch lease past its expiry is taken over, its directory removed (only a ``ckptflow-drill-``
+    directory), and the lease released. Returns the directories removed."""
+    removed = []
+    for row in catalog.leases(tier=SCRATCH_TIER, expired_at=utcnow()):
+        got = catalog.acquire_lease(
+            row.run, row.step, SCRATCH_TIER, row.part, holder=holder, purpose="drill-cleanup", ttl_s=ttl_s
+        )
+        if not isinstance(got, LeaseGrant):
+            continue  # alive after all (a late heartbeat), or another drill is cleaning it
+        try:
+            directory = Path(got.previous_work_uri or row.part)
+            if directory.name.startswith(SCRATCH_PREFIX) and directory.is_dir():
+                shutil.rmtree(directory, ignore_errors=True)
+                removed.append(str(directory))
+        finally:
+            catalog.release_leases([got.token])
+    return removed
 
 
 def fetch_into_scratch(tier: Tier, spec: DrillSpec, step: int, scratch: Path) -> Fetched:

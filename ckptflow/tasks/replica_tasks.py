@@ -98,6 +98,20 @@ def verify_replica(config_path: str, run: str, step: int, tier: str) -> dict[str
     }
 
 
+@task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def repair_replica(config_path: str, run: str, step: int, tier: str, source_tier: str) -> str:
+    """Replace a corrupt replica with a verified copy from ``source_tier`` under the replica's
+    lease (:func:`ckptflow.tasks.scrub_ops.leased_repair`); LeaseHeld if another writer keeps it."""
+    from ckptflow.tasks.scrub_ops import leased_repair  # noqa: PLC0415 - scrub_ops imports this module
+
+    config, tiers = load(config_path)
+    catalog = Catalog.open(config.catalog)
+    try:
+        return leased_repair(catalog, tiers[tier], tiers[source_tier], run, step, config.promote.lease_ttl_s)
+    finally:
+        catalog.dispose()
+
+
 @task(cache_policy=NO_CACHE)
 def cleanup_tier(config_path: str, tier: str, older_than_s: float) -> list[str]:
     """Remove interrupted work on a tier: stale partial directories (no live writer's lock in them);

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckptflow.catalog import Catalog, ReplicaState
+from ckptflow.catalog import Catalog, LeaseKey, ReplicaState
 from ckptflow.storage.manifest import MANIFEST_NAME, Manifest
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.tier import Progress, Tier, TierError
 from ckptflow.storage.verify import FileProblem
+from ckptflow.tasks.leases import LeaseHeld, hold, hold_all_or_raise
 from ckptflow.tasks.manifest_check import bytes_mismatch
 
 # What a failed read raises: none of it says anything about the bytes.
@@ -140,13 +141,28 @@ def repair_from(target: Tier, source: Tier, run: str, step: int) -> str:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def leased_repair(catalog: Catalog, target: Tier, source: Tier, run: str, step: int, ttl_s: float) -> str:
+    """:func:`repair_from` under the replica's lease (run, step, tier): a writer holding it (a
+    promotion re-copying the replica) is waited for up to one lease time to live, then
+    :class:`~ckptflow.tasks.leases.LeaseHeld` is raised and nothing is touched."""
+    key = LeaseKey(run, step, target.name)
+    with hold(catalog, [key], "scrub-repair", ttl_s, wait_s=ttl_s, work_uri=target.uri(run, step)) as held:
+        hold_all_or_raise(held, f"repair of {key} deferred")
+        return repair_from(target, source, run, step)
+
+
 def row(target: ScrubTarget, verdict: str, detail: str = "") -> dict[str, Any]:
     """One line of the scrub artifact."""
     return {"run": target.run, "step": target.step, "tier": target.tier, "verdict": verdict, "detail": detail}
 
 
 def settle(
-    catalog: Catalog, tiers: dict[str, Tier], target: ScrubTarget, check: Check, repair: bool = True
+    catalog: Catalog,
+    tiers: dict[str, Tier],
+    target: ScrubTarget,
+    check: Check,
+    repair: bool = True,
+    lease_ttl_s: float = 120.0,
 ) -> dict[str, Any]:
     """Record ``check`` for ``target`` and, for a corrupt replica, repair it (see the module docstring)."""
     if check.verdict == OK:
@@ -173,8 +189,12 @@ def settle(
         why = "; ".join(passed_over) or "no other tier"
         return row(target, CORRUPT, f"{reason} (no intact replica to repair from: {why})")
     try:
-        uri = repair_from(tiers[target.tier], tiers[source], target.run, target.step)
+        uri = leased_repair(catalog, tiers[target.tier], tiers[source], target.run, target.step, lease_ttl_s)
         again = check_replica(tiers[target.tier], target)
+    except LeaseHeld as exc:  # another writer is re-making this replica: the next scrub checks it
+        deferred = f"{reason}; repair deferred: {exc}"
+        catalog.set_replica_state(target.checkpoint_id, target.tier, ReplicaState.CORRUPT, reason=deferred)
+        return row(target, CORRUPT, deferred)
     except Exception as exc:  # noqa: BLE001 - recorded on this replica; the scrub goes on with the next
         failure = f"{reason}; repair from {source} failed: {type(exc).__name__}: {exc}"
         catalog.set_replica_state(target.checkpoint_id, target.tier, ReplicaState.CORRUPT, reason=failure)

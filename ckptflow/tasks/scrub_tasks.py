@@ -27,7 +27,7 @@ def settle_replica(config_path: str, target: ScrubTarget, check: Check, repair: 
     config, tiers = load(config_path)
     catalog = Catalog.open(config.catalog)
     try:
-        return scrub_ops.settle(catalog, tiers, target, check, repair)
+        return scrub_ops.settle(catalog, tiers, target, check, repair, config.promote.lease_ttl_s)
     finally:
         catalog.dispose()
 

@@ -16,6 +16,7 @@ ckpt.close()                         # drains the save in flight, re-raises its 
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import time
 from collections import deque
@@ -301,6 +302,7 @@ class Checkpointer:
             read_hook=self.read_hook,
             peers=self.peers,
             peer_endpoints=self._peer_endpoints if self._catalog is not None else None,
+            lease_fetch=self._lease_fetch if self._catalog is not None else None,
         )
         untouched = _fresh_optimizers(state)
         report = restore_state(context, state)
@@ -328,6 +330,50 @@ class Checkpointer:
     def _record_unfinished(self, step: int, save_id: str, reason: str) -> None:
         if self._catalog is not None:
             self._catalog.call("record_unfinished", self.run, step, save_id, reason)
+
+    def _lease_fetch(self, step: int, hosts: list[str]) -> Callable[[], None]:
+        """Rank 0 takes the lease (run, step, hot, <host>) of every node about to fetch files into its
+        hot root, on the nodes' behalf (only rank 0 holds the catalog), so the pipeline's writers of
+        a node's hot root see the fetch. A lease another writer holds is waited for, a bounded time
+        (a quarter of ``fetch_timeout_s``, at most two minutes: the other ranks wait for this fetch
+        within ``fetch_timeout_s``), then taken over and logged: training never waits on the pipeline
+        for longer. No heartbeat: the lease lasts the fetch's own deadline plus a minute. A catalog
+        that fails is logged and the fetch goes on."""
+        from ckptflow.catalog import LeaseGrant  # noqa: PLC0415 - rank 0 with a catalog only
+
+        assert self._catalog is not None
+        holder = f"restore-fetch by rank 0 on {self.topology.host} pid {os.getpid()}"
+        deadline = time.monotonic() + min(self.options.fetch_timeout_s / 4, 120.0)
+        tokens: list[str] = []
+        waiting, told = list(hosts), set()
+        while waiting:
+            force = time.monotonic() >= deadline
+            for host in list(waiting):
+                got = self._catalog.call(
+                    "acquire_lease",
+                    self.run,
+                    step,
+                    "hot",
+                    host,
+                    holder=holder,
+                    purpose="restore-fetch",
+                    ttl_s=self.options.fetch_timeout_s + 60.0,
+                    work_uri=str(self.root / layout.committed_name(step)),
+                    force=force,
+                )
+                if got is None or isinstance(got, LeaseGrant):
+                    waiting.remove(host)  # granted, or no catalog to ask: fetch anyway
+                if isinstance(got, LeaseGrant):
+                    tokens.append(got.token)
+                    if got.previous is not None:
+                        log.warning("restore took over the lease on %s's hot copy: %s", host, got.previous)
+                elif got is not None and host not in told:
+                    told.add(host)
+                    log.warning("restore waits (bounded) for the pipeline's writer: %s", got)
+            if waiting:
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        catalog = self._catalog
+        return lambda: None if not tokens else catalog.call("release_leases", tokens)
 
     def _record_restored_commit(self, report: RestoreReport) -> None:
         """The restored step is committed (its manifest just verified): the catalog records the

@@ -145,6 +145,8 @@ class RestoreContext:
     read_hook: ReadHook | None = None
     peers: PeerAccess | None = None  # the replication secret (endpoints filled in at restore)
     peer_endpoints: Callable[[list[str]], dict[str, str]] | None = None  # rank 0: host -> url
+    # rank 0: take the leases (run, step, hot, host) of the nodes about to fetch; returns the release
+    lease_fetch: Callable[[int, list[str]], Callable[[], None]] | None = None
 
 
 @dataclass
@@ -358,7 +360,14 @@ def _try_step(
     node_needs = sorted({p for r in topo.node_ranks for p in everyone[r][1]})
     if any(n for _, n, _ in everyone):
         ctx.on_phase("restore:fetch")
-        failed = fetch_all(ctx, step, manifest, node_needs, peers, tiers, report, attempt)
+        fetching = sorted({topo.hosts[topo.node_of(r)] for r, (_, n, _) in enumerate(everyone) if n})
+        lease = ctx.lease_fetch if topo.is_coordinator and ctx.lease_fetch is not None else None
+        release = lease(step, fetching) if lease is not None else None
+        try:
+            failed = fetch_all(ctx, step, manifest, node_needs, peers, tiers, report, attempt)
+        finally:
+            if release is not None:
+                release()  # after the store barrier in fetch_all: every node is done fetching
         if failed:
             return _Attempt(reason=failed, exhaust=True)
         for rank, (_, fetched, _) in enumerate(everyone):
