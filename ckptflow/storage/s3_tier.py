@@ -527,15 +527,14 @@ class S3Tier:
             found.append(IncompleteUpload(upload["Key"], upload["UploadId"], upload["Initiated"], run, step))
         return found
 
-    def leftover_objects(self, run: str, step: int) -> list[tuple[str, int]]:
-        """(key, size) of the objects under (run, step) when it has neither a manifest (a reader sees
-        nothing) nor a trash marker (retention's soft delete keeps its shards on purpose): what an
-        interrupted upload left behind. Empty when the step is committed or soft-deleted."""
+    def leftover_objects(self, run: str, step: int) -> list[tuple[str, int, datetime]]:
+        """(key, size, last modified) of the objects under (run, step) when it has neither a manifest
+        (a reader sees nothing) nor a trash marker (retention's soft delete keeps its shards on
+        purpose): what an interrupted upload left behind. Empty when committed or soft-deleted."""
         base = self._step_key(run, step)
-        objects = [
-            (o["Key"], int(o["Size"])) for o in self.s3.paginate("list_objects_v2", "Contents", Prefix=base)
-        ]
-        names = {key[len(base) :] for key, _ in objects}
+        listed = self.s3.paginate("list_objects_v2", "Contents", Prefix=base)
+        objects = [(o["Key"], int(o["Size"]), o["LastModified"]) for o in listed]
+        names = {key[len(base) :] for key, _, _ in objects}
         if MANIFEST_NAME in names or any(n.startswith(MANIFEST_NAME + TRASH_MARK) for n in names):
             return []
         return objects

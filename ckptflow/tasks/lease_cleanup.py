@@ -5,7 +5,8 @@ than ``promote.stale_upload_age_s`` would be aborted under its live writer, agai
 never reach the tier. Every writer of a replica holds its lease (:mod:`ckptflow.tasks.leases`), so
 the clean-up takes that lease itself before it removes anything: granted means no writer is alive
 (none ever started, or its lease expired: it was killed), and none can start while the clean-up
-runs. What a dead promotion left is:
+runs. The age threshold still applies on top: a failed promotion is retried (and resumes its
+upload) before its leftovers count as abandoned. What a dead promotion left is:
 
 - its incomplete multipart uploads (parts S3 keeps, and bills, until aborted);
 - the objects it completed, under a step with no manifest (invisible to readers and to retention:
@@ -57,18 +58,26 @@ def remove_orphans(
     tier: S3Tier,
     interrupted: Iterable[tuple[int, str, int]],
     uploads: list[IncompleteUpload],
+    older_than_s: float,
     ttl_s: float,
 ) -> list[str]:
     """Remove what dead promotions left of the steps in ``interrupted`` (objects without a manifest,
-    incomplete uploads), each under the step's lease; returns one line per step cleaned."""
+    incomplete uploads), once nothing of it changed for ``older_than_s`` (a promotion that failed is
+    retried, and resumes it, first), each under the step's lease; returns one line per step cleaned."""
     cleaned = []
+    now = datetime.now(UTC)
     for checkpoint_id, run, step in interrupted:
+        if being_written(catalog, run, step):
+            continue  # a live writer: its work, not an orphan (no lease taken: nothing logged)
+        pending = [u for u in uploads if (u.run, u.step) == (run, step)]
+        times = [t for _, _, t in tier.leftover_objects(run, step)] + [u.initiated for u in pending]
+        if not times or (now - max(times)).total_seconds() < older_than_s:
+            continue
         grant = _take(catalog, run, step, tier.name, ttl_s)
         if grant is None:
-            continue  # a live writer: its work, not an orphan
+            continue  # a writer started meanwhile
         try:
-            objects = tier.leftover_objects(run, step)  # under the lease: nothing new can appear
-            pending = [u for u in uploads if (u.run, u.step) == (run, step)]
+            objects = tier.leftover_objects(run, step)  # again, under the lease: nothing new can appear
             if not objects and not pending:
                 continue
             tier.delete(run, step)  # every object and upload under the step (no manifest to drop)
@@ -76,8 +85,8 @@ def remove_orphans(
                 "tier": tier.name,
                 "uri": tier.uri(run, step),
                 "objects": len(objects),
-                "bytes": sum(size for _, size in objects),
-                "keys": [key for key, _ in objects][:50],
+                "bytes": sum(size for _, size, _ in objects),
+                "keys": [key for key, _, _ in objects][:50],
                 "uploads_aborted": len(pending),
                 "dead_holder": grant.previous,
             }
@@ -106,6 +115,8 @@ def abort_dead_uploads(
     for upload in uploads:
         if (now - upload.initiated).total_seconds() < older_than_s:
             continue
+        if upload.run is not None and being_written(catalog, upload.run, upload.step):
+            continue  # its writer is alive, however slow (no lease taken: nothing logged)
         if upload.run is None:
             tier.abort_upload(upload)
             aborted.append(upload.key)
@@ -122,11 +133,10 @@ def abort_dead_uploads(
 
 
 def clean_remote_tier(catalog: Catalog, tier: S3Tier, older_than_s: float, ttl_s: float) -> list[str]:
-    """Orphans of dead promotions first (whatever their age: a dead lease is proof enough), then
-    any other dead upload older than ``older_than_s``."""
-    cleaned = remove_orphans(
-        catalog, tier, interrupted_replicas(catalog, tier.name), tier.incomplete_uploads(), ttl_s
-    )
+    """Orphans of dead promotions first, then any other dead upload; both only once older than
+    ``older_than_s`` and only where no live writer holds the step's lease."""
+    interrupted = interrupted_replicas(catalog, tier.name)
+    cleaned = remove_orphans(catalog, tier, interrupted, tier.incomplete_uploads(), older_than_s, ttl_s)
     return cleaned + abort_dead_uploads(catalog, tier, tier.incomplete_uploads(), older_than_s, ttl_s)
 
 
