@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+GO_TIMEOUT_S = 300.0
+
 
 def write_bytes() -> int:
     for line in Path("/proc/self/io").read_text().splitlines():
@@ -71,7 +73,12 @@ def main() -> int:
     before = write_bytes()
     if opts.start_when is not None:
         Path(opts.out).with_suffix(".ready").touch()
+        deadline = time.monotonic() + GO_TIMEOUT_S  # a test that failed before its go: exit, not linger
         while not Path(opts.start_when).exists():
+            if time.monotonic() > deadline:
+                report["error"] = f"no {opts.start_when} within {GO_TIMEOUT_S} s"
+                Path(opts.out).write_text(json.dumps(report))
+                return 1
             time.sleep(0.02)
     report["started"] = time.time()
     try:

@@ -69,11 +69,25 @@ def _transitions(made: Bench, run: str, tier: str) -> list[str]:
     ]
 
 
+STARTED: list[Any] = []  # every flow process a test started: killed at its end if still running
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test() -> Iterator[None]:
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
 def _pair(made: Bench, out: Path, flow: str, args: list[Any], **throttle: float) -> tuple[list[Any], Path]:
     """Two processes that run ``flow`` at the same moment once the returned file exists."""
     out.mkdir()
     go = out / "go"
     procs = [start_flow(made, out / f"{i}.json", flow, args, start_when=go, **throttle) for i in range(2)]
+    STARTED.extend(procs)
     return procs, go
 
 
@@ -145,6 +159,7 @@ def test_an_interrupted_promotions_orphan_s3_objects_are_removed_by_reconcile_an
     assert promote_part(run, 1, config)["action"] == "published"
     out = tmp_path / "killed.json"
     proc = start_flow(made, out, PROMOTE, [run, 1, config], throttle_mib_s=4)
+    STARTED.append(proc)
     client = made.stack.seaweed.client()
 
     def objects_and_a_part() -> bool:  # .metadata uploaded whole, the shard's upload part-way
