@@ -186,7 +186,13 @@ def test_warm_is_published_once_when_every_part_arrived_then_cold_from_warm(worl
     try:
         cp = next(c for c in catalog.checkpoints(RUN) if c.step == 6)
         held = {(p.part, p.holder, p.state.value) for p in catalog.parts(cp.id)}
-        assert held == {(0, "node0", "ready"), (1, "node1", "ready")}
+        # each node's own part, and (the stack configures a replication secret) its peer's copy
+        assert held == {
+            (0, "node0", "ready"),
+            (1, "node1", "ready"),
+            (0, "node1", "ready"),
+            (1, "node0", "ready"),
+        }
     finally:
         catalog.dispose()
 
