@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from ckptflow.catalog import Catalog
 from ckptflow.peer import PeerSecret
@@ -49,7 +50,9 @@ def start_peer_server(config_path: str, host: str, bind: str | None) -> PeerServ
         log.warning("peer replication is off on %s: %s", host, exc)
         return None
     bind_host, port = parse_bind(bind, repl.bind_host, repl.port)
-    server = PeerServer(config.tiers["hot"].root, secret, bind_host, port).start()
+    hot_root = Path(config.tiers["hot"].root)
+    hot_root.mkdir(parents=True, exist_ok=True)  # an agent may start before the node's first save
+    server = PeerServer(hot_root, secret, bind_host, port).start()
     catalog = Catalog.open(config.catalog)
     try:
         catalog.register_peer(host, server.url)

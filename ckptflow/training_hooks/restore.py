@@ -194,7 +194,9 @@ def restore(ctx: RestoreContext, state: dict[str, Any]) -> RestoreReport:
         log.warning("step %d cannot be restored: %s", step, attempt.reason)
         if attempt.exhaust:
             exhausted.add(step)
-        if attempt.unreachable:
+        if attempt.unreachable and tries[step] == 1:
+            # Unreachable from the start (a part lost with its node), not because this restore just
+            # quarantined a corrupt part of it: that step's other parts stay where they are.
             unreachable[step] = attempt.reason
     if report.path is not None:
         _set_aside_superseded(ctx, {s: why for s, why in unreachable.items() if s > report.step}, report.step)
