@@ -98,12 +98,13 @@ def run_with_a_node_replaced(
     nodes: TwoNodes,
     argv: list[str],
     result: Path,
-    newest_on_warm: Callable[[], int | None],
+    newest_safe: Callable[[], int | None],
     newest_committed: Callable[[], int | None],
 ) -> list[tuple[str, Any]] | None:
-    """Train; once a checkpoint has reached warm, node 1 dies in its next background save (the job
-    with it); it is replaced by an empty disk; the job restarts and resumes. Returns what happened,
-    or None if a phase failed."""
+    """Train; once node 1's part of some checkpoint is held elsewhere too (``newest_safe``: a
+    peer's replica or warm), node 1 dies in its next background save (the job with it); it is
+    replaced by an empty disk; the job restarts and resumes. Returns what happened, or None if a
+    phase failed."""
     events: list[tuple[str, Any]] = []
     train(nodes, argv, "run1")
     node1 = nodes.job.nodes[1]
@@ -111,25 +112,27 @@ def run_with_a_node_replaced(
     def alive() -> bool:
         return all(p.poll() is None for p in nodes.job.launchers)
 
-    warm: list[int] = []
+    safe: list[int] = []
 
-    def write_after_a_warm_copy(line: str) -> bool:
-        # Node 1's disk is lost with it: only what reached warm survives of its parts.
+    def write_after_a_copy_elsewhere(line: str) -> bool:
+        # Node 1's disk is lost with it: only what its peer or warm holds survives of its parts.
         if line.strip() != "PHASE writing":
             return False
-        step = newest_on_warm()
+        step = newest_safe()
         if step is not None:
-            warm.append(step)
+            safe.append(step)
         return step is not None
 
-    if wait_for_line(node1.log, write_after_a_warm_copy, 300, alive) is None:
-        print("    no checkpoint reached warm before the training ended; see the agents' logs")
+    if wait_for_line(node1.log, write_after_a_copy_elsewhere, 300, alive) is None:
+        print(
+            "    node 1's part never reached its peer or warm before the training ended; see the agents' logs"
+        )
         return None
     steps = [int(line.split()[1]) for line in node1.output().splitlines() if line.startswith("STEP ")]
     nodes.replace_node(1)  # node 1 loses power in the middle of its write; a new machine takes over
     nodes.stop_job()  # the job dies with it
     events.append(("node 1 lost during a background save at step", steps[-1] if steps else 0))
-    events.append(("newest checkpoint on warm then", warm[-1]))
+    events.append(("newest checkpoint with node 1's part on node 0 or warm then", safe[-1]))
     events.append(("newest committed checkpoint then", newest_committed()))
     events.append(("node 1 replaced: empty disk, new agent", "yes"))
     train(nodes, [*argv, "--result", str(result)], "run2")
