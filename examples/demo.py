@@ -387,10 +387,10 @@ def wait_promoted(config: Path, run: str, steps: list[int], timeout_s: float) ->
 
 
 def apply_retention(stack_dir: Path, config: Path) -> dict[str, Any]:
-    """The demo policy, applied through the same flow the daily deployment runs."""
+    """The demo policy, applied through the same flow the retention deployment runs."""
     from ckptflow.flows.retention import apply_retention as retention_flow
 
-    policy = stack_dir / "retention.yaml"  # where the apply-retention-daily deployment looks
+    policy = stack_dir / "retention.yaml"  # where the plan-and-apply-retention deployment looks
     shutil.copyfile(RETENTION, policy)
     return retention_flow(str(config), str(policy), apply=True)
 
@@ -415,7 +415,7 @@ def run_drill(stack_dir: Path, config: Path, run: str, world_size: int = 2) -> d
         "config": str(config),
         "scratch_dir": str(stack_dir / "drill-scratch"),
     }
-    path = stack_dir / "drill.yaml"  # where the recovery-drill-daily deployment looks
+    path = stack_dir / "drill.yaml"  # where the restore-and-compare-loss deployment looks
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     try:
         return recovery_drill(str(path))

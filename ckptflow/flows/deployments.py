@@ -2,11 +2,14 @@
 retention and drills on schedules. Each node's own share (copying its part to warm) is served by that
 node's agent: :mod:`ckptflow.agent`.
 
-``apply-retention-daily`` runs with ``apply: False`` (a dry run that publishes the plan as artifacts
+Deployments are named by what they do, never by when: the schedule is configurable (``--reconcile-
+interval-s``, the crons below, ``infra/prefect.yaml``) and the Prefect UI's schedule column says when.
+
+``plan-and-apply-retention`` runs with ``apply: False`` (a dry run that publishes the plan as artifacts
 and emits ``ckptflow.retention.over_budget``): operators read a few plans, then flip the deployment's
-``apply`` parameter to true (``prefect deployment run apply-retention/apply-retention-daily
+``apply`` parameter to true (``prefect deployment run apply-retention/plan-and-apply-retention
 -p apply=true`` once, or edit the parameter in the UI). The policy is ``retention.yaml`` beside
-``ckptflow.yaml``; the drill spec is ``drill.yaml`` beside it (``recovery-drill-daily`` fails with an
+``ckptflow.yaml``; the drill spec is ``drill.yaml`` beside it (``restore-and-compare-loss`` fails with an
 error naming the file until one exists: see ``ckptflow.policy.drill_spec``).
 
 ``python -m ckptflow.flows.deployments --config ckptflow.yaml`` serves them (a long-running process;
@@ -38,10 +41,10 @@ from ckptflow.flows.scrub import scrub
 from ckptflow.storage.event_schema import PUBLISHED_EVENT
 
 PROMOTE_DEPLOYMENT = "promote-on-published"
-RECONCILE_DEPLOYMENT = "reconcile-every-5-min"
-SCRUB_DEPLOYMENT = "scrub-daily"
-RETENTION_DEPLOYMENT = "apply-retention-daily"
-DRILL_DEPLOYMENT = "recovery-drill-daily"
+RECONCILE_DEPLOYMENT = "reconcile-catalog-and-tiers"
+SCRUB_DEPLOYMENT = "verify-and-repair-replicas"
+RETENTION_DEPLOYMENT = "plan-and-apply-retention"
+DRILL_DEPLOYMENT = "restore-and-compare-loss"
 DEFAULT_DRILL_CRON = "23 5 * * *"
 
 

@@ -237,7 +237,7 @@ def test_cron_deployment_is_registered_with_its_schedule(stack):
 
     async def read() -> Any:
         async with get_client() as client:
-            return await client.read_deployment_by_name("recovery-drill/recovery-drill-daily")
+            return await client.read_deployment_by_name("recovery-drill/restore-and-compare-loss")
 
     deployment = asyncio.run(read())
     crons = [s.schedule.cron for s in deployment.schedules if hasattr(s.schedule, "cron")]

@@ -423,13 +423,13 @@ def test_deployed_pipeline_runs_authenticated_and_no_log_or_artifact_holds_a_sec
         deployments = {d["name"]: d for d in _paged(client, "deployments/filter", {})}
         assert set(deployments) == {
             "promote-on-published",
-            "reconcile-every-5-min",
-            "scrub-daily",
-            "apply-retention-daily",
-            "recovery-drill-daily",
+            "reconcile-catalog-and-tiers",
+            "verify-and-repair-replicas",
+            "plan-and-apply-retention",
+            "restore-and-compare-loss",
         }
         assert deployments["promote-on-published"]["parameters"] == {"config_path": str(config_path)}
-        assert deployments["apply-retention-daily"]["parameters"]["policy_path"] == str(
+        assert deployments["plan-and-apply-retention"]["parameters"]["policy_path"] == str(
             config_dir / "retention.yaml"
         )
         promote_id = deployments["promote-on-published"]["id"]
