@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from ckptflow.cli_errors import EXIT_ERROR, catalog_url, fail
+from ckptflow.cli.errors import EXIT_ERROR, catalog_url, fail
 
 
 def test_fail_prints_one_line_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from ckptflow.cli_progress import TransferBar, verify_with_bar
+from ckptflow.cli.progress import TransferBar, verify_with_bar
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest
 from ckptflow.storage.verify import verify_checkpoint

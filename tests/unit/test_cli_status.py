@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from ckptflow.catalog import Catalog, Drill, ReplicaState
 from ckptflow.catalog.engine import dispose_engine
 from ckptflow.cli import app
-from ckptflow.cli_status import _runs_table
+from ckptflow.cli.status import _runs_table
 from ckptflow.tasks.cost_ops import cost_now
 from ckptflow.tasks.status_ops import StatusReport, default_policy_path, run_statuses, status_report
 

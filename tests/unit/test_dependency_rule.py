@@ -106,3 +106,25 @@ def test_importing_the_peer_package_loads_no_server_or_http_client() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"importing ckptflow.peer loaded: {out.stdout.strip()}"
+
+
+def test_the_command_line_is_one_package_not_modules_at_the_package_root() -> None:
+    strays = sorted(p.name for p in PACKAGE.glob("cli*.py"))
+    assert not strays, f"{strays} at the package root: CLI modules belong in ckptflow/cli/"
+    assert (PACKAGE / "cli" / "__init__.py").is_file() and (PACKAGE / "cli" / "__main__.py").is_file()
+
+
+def test_the_console_script_and_python_dash_m_run_the_same_command() -> None:
+    import tomllib
+
+    scripts = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, attr = scripts["ckptflow"].partition(":")
+    code = f"import {module}, ckptflow.cli.base as a; assert {module}.{attr} is a.main; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+    # python -m ckptflow.cli runs it (its --help names the commands of every group)
+    help_out = subprocess.run(
+        [sys.executable, "-m", "ckptflow.cli", "--help"], capture_output=True, text=True, check=True
+    )
+    for command in ("verify", "services", "retention", "drill", "status", "restore", "import", "plan"):
+        assert command in help_out.stdout, f"`python -m ckptflow.cli --help` lacks {command}"

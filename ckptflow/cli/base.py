@@ -15,16 +15,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ckptflow.cli_drill import register as register_drill_commands
-from ckptflow.cli_errors import catalog_failure, run_name
-from ckptflow.cli_errors import catalog_url as resolve_catalog_url
-from ckptflow.cli_errors import fail as _fail
-from ckptflow.cli_import import register as register_import_commands
-from ckptflow.cli_pipeline import register as register_pipeline_commands
-from ckptflow.cli_plan import plan_command
-from ckptflow.cli_restore import register as register_restore_commands
-from ckptflow.cli_retention import register as register_retention_commands
-from ckptflow.cli_status import register as register_status_commands
+from ckptflow.cli.drill import register as register_drill_commands
+from ckptflow.cli.errors import catalog_failure, run_name
+from ckptflow.cli.errors import catalog_url as resolve_catalog_url
+from ckptflow.cli.errors import fail as _fail
+from ckptflow.cli.import_checkpoint import register as register_import_commands
+from ckptflow.cli.pipeline import register as register_pipeline_commands
+from ckptflow.cli.plan import plan_command
+from ckptflow.cli.restore import register as register_restore_commands
+from ckptflow.cli.retention import register as register_retention_commands
+from ckptflow.cli.status import register as register_status_commands
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import ManifestError, UnsupportedManifestError, read_manifest
 
@@ -127,7 +127,7 @@ def verify(
     ),
 ) -> None:
     """Verify every file of a checkpoint against its manifest (size and CRC64NVME)."""
-    from ckptflow.cli_progress import verify_with_bar
+    from ckptflow.cli.progress import verify_with_bar
     from ckptflow.storage.verify import verify_checkpoint
 
     if not path.is_dir():
@@ -218,7 +218,3 @@ app.command("plan")(plan_command)
 def main() -> None:
     """Entry point of the ``ckptflow`` console script."""
     app()
-
-
-if __name__ == "__main__":
-    main()

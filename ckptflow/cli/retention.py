@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ckptflow.cli_errors import fail as _fail
+from ckptflow.cli.errors import fail as _fail
 from ckptflow.policy.yaml_source import ConfigError
 
 retention_app = typer.Typer(
@@ -123,7 +123,7 @@ def apply_command(
     yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),
 ) -> None:
     """Run the apply-retention flow in apply mode: soft-delete the plan, purge what is past grace."""
-    from ckptflow.cli_pipeline import prefect_env  # noqa: PLC0415
+    from ckptflow.cli.pipeline import prefect_env  # noqa: PLC0415
     from ckptflow.tasks.retention_ops import apply_retention as plan_only  # noqa: PLC0415
 
     prefect_env(config)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import typer
 
-from ckptflow.cli_errors import catalog_failure, run_name
-from ckptflow.cli_errors import fail as _fail
+from ckptflow.cli.errors import catalog_failure, run_name
+from ckptflow.cli.errors import fail as _fail
 
 
 def import_command(

@@ -8,8 +8,8 @@ from typing import Any
 
 import typer
 
-from ckptflow.cli_errors import fail as _fail
-from ckptflow.cli_errors import run_name
+from ckptflow.cli.errors import fail as _fail
+from ckptflow.cli.errors import run_name
 from ckptflow.policy.yaml_source import ConfigError
 
 DEFAULT_STACK_DIR = Path(".scratch/stack")
@@ -95,7 +95,7 @@ def promote_command(
     """Promote one checkpoint now: this machine's part to warm (what its agent does on the staged
     event), then, once warm holds every node's part, warm -> cold (what the published event runs)."""
     prefect_env(config)
-    from ckptflow.cli_progress import TransferBar  # noqa: PLC0415
+    from ckptflow.cli.progress import TransferBar  # noqa: PLC0415
     from ckptflow.flows.promote import promote  # noqa: PLC0415
     from ckptflow.flows.promote_part import promote_part  # noqa: PLC0415
     from ckptflow.tasks.progress import reporting_to  # noqa: PLC0415
@@ -160,7 +160,7 @@ def scrub_command(config: Path = typer.Option(..., "--config", help="ckptflow.ya
     """Re-verify warm and cold replicas now and repair corrupt ones (exit 1 if any stays corrupt or
     its repair failed; a replica that could not be read now is "retry later" and does not count)."""
     prefect_env(config)
-    from ckptflow.cli_progress import TransferBar  # noqa: PLC0415
+    from ckptflow.cli.progress import TransferBar  # noqa: PLC0415
     from ckptflow.flows.scrub import ScrubError, scrub  # noqa: PLC0415
     from ckptflow.tasks.progress import reporting_to  # noqa: PLC0415
 

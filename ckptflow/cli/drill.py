@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ckptflow.cli_errors import catalog_failure, catalog_url, run_name
-from ckptflow.cli_errors import fail as _fail
+from ckptflow.cli.errors import catalog_failure, catalog_url, run_name
+from ckptflow.cli.errors import fail as _fail
 from ckptflow.policy.yaml_source import ConfigError
 
 drill_app = typer.Typer(
@@ -22,7 +22,7 @@ def drill_run(
     config: Path = typer.Option(None, "--config", help="ckptflow.yaml (default: the spec's 'config')"),
 ) -> None:
     """Run a drill now (as a Prefect flow run), print the verdict; exit 1 if the drill fails."""
-    from ckptflow.cli_pipeline import prefect_env  # noqa: PLC0415
+    from ckptflow.cli.pipeline import prefect_env  # noqa: PLC0415
     from ckptflow.policy.drill_spec import load_drill_spec  # noqa: PLC0415
 
     try:

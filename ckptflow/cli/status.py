@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ckptflow.cli_errors import catalog_failure, run_name
-from ckptflow.cli_errors import fail as _fail
+from ckptflow.cli.errors import catalog_failure, run_name
+from ckptflow.cli.errors import fail as _fail
 from ckptflow.policy.yaml_source import ConfigError
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ckptflow.cli_errors import fail as _fail
+from ckptflow.cli.errors import fail as _fail
 
 if TYPE_CHECKING:
     from ckptflow.policy.projection import Projection, StorageProjection

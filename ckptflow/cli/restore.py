@@ -11,9 +11,9 @@ from pathlib import Path
 
 import typer
 
-from ckptflow.cli_errors import fail as _fail
-from ckptflow.cli_errors import run_name
-from ckptflow.cli_progress import TransferBar
+from ckptflow.cli.errors import fail as _fail
+from ckptflow.cli.errors import run_name
+from ckptflow.cli.progress import TransferBar
 from ckptflow.policy.yaml_source import ConfigError
 
 TIER_CHOICES = ("auto", "hot", "warm", "cold")
