@@ -16,15 +16,12 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from sqlmodel import col, select
 
 from ckptflow.catalog.models import Lease, utcnow
 from ckptflow.catalog.rows import insert_ignore, locked, log_event
-
-if TYPE_CHECKING:
-    from ckptflow.catalog.catalog import Catalog
+from ckptflow.catalog.sessions import Sessions
 
 ALL_PARTS = "all"
 _ACQUIRE_ROUNDS = 5  # a row released between our insert attempt and our lock: try the insert again
@@ -85,7 +82,7 @@ def _detail(row: Lease) -> dict:
 
 
 def acquire(
-    catalog: Catalog,
+    catalog: Sessions,
     key: LeaseKey,
     *,
     holder: str,
@@ -148,7 +145,7 @@ def acquire(
     raise RuntimeError(f"lease on {key}: acquired and released by others {_ACQUIRE_ROUNDS} times in a row")
 
 
-def heartbeat(catalog: Catalog, tokens: list[str], ttl_s: float) -> set[str]:
+def heartbeat(catalog: Sessions, tokens: list[str], ttl_s: float) -> set[str]:
     """Extend the leases of ``tokens`` to now + ``ttl_s``; return the tokens still held (a token
     missing from the answer was taken over, or released, by someone else)."""
     _check_ttl(ttl_s)
@@ -162,7 +159,7 @@ def heartbeat(catalog: Catalog, tokens: list[str], ttl_s: float) -> set[str]:
         return {row.token for row in rows}
 
 
-def release(catalog: Catalog, tokens: list[str]) -> int:
+def release(catalog: Sessions, tokens: list[str]) -> int:
     """Delete the leases of ``tokens`` (those still ours); return how many. Logs ``lease.released``."""
     if not tokens:
         return 0
@@ -177,7 +174,7 @@ def release(catalog: Catalog, tokens: list[str]) -> int:
 
 
 def leases(
-    catalog: Catalog,
+    catalog: Sessions,
     run: str | None = None,
     step: int | None = None,
     tier: str | None = None,

@@ -3,18 +3,14 @@ read failed, a repair that raised). The replica's ``reason`` says it, and the ev
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from sqlmodel import select
 
 from ckptflow.catalog.models import Checkpoint, utcnow
 from ckptflow.catalog.rows import NotFound, lock_replica, locked, log_event
-
-if TYPE_CHECKING:
-    from ckptflow.catalog.catalog import Catalog
+from ckptflow.catalog.sessions import Sessions
 
 
-def note_replica(catalog: Catalog, checkpoint_id: int, tier: str, kind: str, detail: str) -> bool:
+def note_replica(catalog: Sessions, checkpoint_id: int, tier: str, kind: str, detail: str) -> bool:
     """Set the ``tier`` replica's reason to ``detail`` and log ``replica.<kind>``, leaving its state
     (and ``verified_at``) as they are. False when the checkpoint has no replica on ``tier``."""
     now = utcnow()

@@ -25,11 +25,10 @@ from ckptflow.catalog.models import (
     utcnow,
 )
 from ckptflow.catalog.rows import NotFound, locked, log_event, set_replica
+from ckptflow.catalog.sessions import Sessions
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from ckptflow.catalog.catalog import Catalog
 
 # A replica being copied is an in-flight promotion: retention must not pull it (or its source) away.
 PINNED_REPLICA_STATES = (ReplicaState.PENDING, ReplicaState.COPYING)
@@ -46,7 +45,7 @@ class AuditFacts:
     plan_id: str
 
 
-def pin(catalog: Catalog, checkpoint_id: int, holder: str, ttl_s: float) -> datetime:
+def pin(catalog: Sessions, checkpoint_id: int, holder: str, ttl_s: float) -> datetime:
     """Hold ``checkpoint_id`` for ``ttl_s`` seconds (a repeat by the same holder extends it)."""
     expires = pin_if_ready(catalog, checkpoint_id, holder, ttl_s, ready_on=None)
     assert expires is not None  # without ready_on nothing is checked
@@ -54,7 +53,7 @@ def pin(catalog: Catalog, checkpoint_id: int, holder: str, ttl_s: float) -> date
 
 
 def pin_if_ready(
-    catalog: Catalog, checkpoint_id: int, holder: str, ttl_s: float, ready_on: str | None
+    catalog: Sessions, checkpoint_id: int, holder: str, ttl_s: float, ready_on: str | None
 ) -> datetime | None:
     """Pin ``checkpoint_id`` as :func:`pin` does, only if it still has a READY replica on tier
     ``ready_on`` (None: no check); the check and the pin are one transaction. None: not pinned.
@@ -94,7 +93,7 @@ def pin_if_ready(
     return expires
 
 
-def unpin(catalog: Catalog, checkpoint_id: int, holder: str) -> bool:
+def unpin(catalog: Sessions, checkpoint_id: int, holder: str) -> bool:
     """Release ``holder``'s pin; True if there was one."""
     with catalog.write_session() as session:
         result = session.exec(  # type: ignore[call-overload]
@@ -116,7 +115,7 @@ def _chosen_attempts(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
     return list(chosen.values())
 
 
-def retention_snapshot(catalog: Catalog, now: datetime | None = None) -> pd.DataFrame:
+def retention_snapshot(catalog: Sessions, now: datetime | None = None) -> pd.DataFrame:
     """One row per replica in :mod:`ckptflow.policy.retention`'s snapshot format.
 
     Extra columns: ``checkpoint_id``, ``replica_id``, ``save_id``, ``uri``. ``pinned`` is true for a
@@ -199,7 +198,7 @@ def _held_by(session: Any, checkpoint_id: int, at: datetime) -> str | None:
 
 
 def soft_delete_unless_held(
-    catalog: Catalog,
+    catalog: Sessions,
     replica_id: int,
     soft_delete: Callable[[], str],
     facts: AuditFacts,
@@ -233,7 +232,7 @@ def soft_delete_unless_held(
         return trash_uri, None
 
 
-def record_soft_deleted(catalog: Catalog, replica_id: int, trash_uri: str, facts: AuditFacts) -> bool:
+def record_soft_deleted(catalog: Sessions, replica_id: int, trash_uri: str, facts: AuditFacts) -> bool:
     """Replica -> DELETED at ``trash_uri`` plus its "soft_deleted" audit row, in one transaction.
 
     Idempotent: a replica that already has its soft-delete audit row changes nothing (False).
@@ -277,7 +276,7 @@ def _record_soft_deleted(
     return True
 
 
-def record_purged(catalog: Catalog, soft: DeletionAudit, plan_id: str) -> bool:
+def record_purged(catalog: Sessions, soft: DeletionAudit, plan_id: str) -> bool:
     """Append the "purged" audit row of a soft delete (once); the replica stays DELETED."""
     now = utcnow()
     with catalog.write_session() as session:
@@ -301,7 +300,7 @@ def record_purged(catalog: Catalog, soft: DeletionAudit, plan_id: str) -> bool:
         return True
 
 
-def set_trash_uri(catalog: Catalog, replica_id: int, trash_uri: str) -> None:
+def set_trash_uri(catalog: Sessions, replica_id: int, trash_uri: str) -> None:
     """Point a DELETED replica and its soft-delete audit row at where its files were moved now."""
     with catalog.write_session() as session:
         _cp, replica = _lock_replica_by_id(session, replica_id)
@@ -310,7 +309,7 @@ def set_trash_uri(catalog: Catalog, replica_id: int, trash_uri: str) -> None:
             row.uri = trash_uri
 
 
-def deletion_audit(catalog: Catalog, phase: DeletionPhase | None = None) -> list[DeletionAudit]:
+def deletion_audit(catalog: Sessions, phase: DeletionPhase | None = None) -> list[DeletionAudit]:
     """The audit trail (of one phase, or all), oldest first."""
     with catalog.read_session() as session:
         stmt = select(DeletionAudit).order_by(col(DeletionAudit.id))
@@ -319,7 +318,7 @@ def deletion_audit(catalog: Catalog, phase: DeletionPhase | None = None) -> list
         return list(session.exec(stmt))
 
 
-def replica_history(catalog: Catalog) -> list[dict[str, Any]]:
+def replica_history(catalog: Sessions) -> list[dict[str, Any]]:
     """(tier, bytes, created, deleted) per replica, for cost-over-time plots."""
     with catalog.read_session() as session:
         pairs = session.exec(select(Replica, Checkpoint).where(Replica.checkpoint_id == Checkpoint.id)).all()
