@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ckptflow.storage import layout
-from ckptflow.storage.atomic import fsync_path, publish_dir, syncfs, write_file_atomic
+from ckptflow.storage.atomic import fsync_path, syncfs
 from ckptflow.storage.copy import ChecksumMismatch, copy_verified
 from ckptflow.storage.manifest import (
     MANIFEST_NAME,
@@ -27,6 +27,7 @@ from ckptflow.storage.manifest import (
     read_manifest,
     safe_relative_path,
 )
+from ckptflow.storage.publishing import committed_same, seal_and_publish, source_manifest
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.tier import Progress, TierError, TierVerifyReport, TransferResult
 from ckptflow.storage.verify import FileProblem, check_file, verify_files
@@ -114,27 +115,12 @@ class PosixTier:
         return self.run_dir(manifest.run) / layout.partial_name(manifest.step, f"in-{manifest.save_id}")
 
     def _source_manifest(self, source: Path, manifest: Manifest) -> bytes:
-        """The exact bytes of ``source``'s manifest.json, which must be ``manifest`` (what is checked
-        is what gets published)."""
-        try:
-            data = (source / MANIFEST_NAME).read_bytes()
-            same = parse_manifest(data, where=str(source / MANIFEST_NAME)) == manifest
-        except (OSError, ManifestError) as exc:
-            raise TierError(f"{self.name}: cannot copy {source}: {exc}") from exc
-        if not same:
-            raise TierError(f"{self.name}: {source}/{MANIFEST_NAME} is not the manifest passed in")
-        return data
+        return source_manifest(self.name, source, manifest, "copy")
 
     def _committed_same(self, manifest: Manifest, manifest_bytes: bytes) -> bool:
         final = self.path(manifest.run, manifest.step)
-        if not (final / MANIFEST_NAME).is_file():
-            return False
-        if (final / MANIFEST_NAME).read_bytes() != manifest_bytes:
-            raise TierError(
-                f"{self.name}: {final} already holds a different checkpoint for step {manifest.step} "
-                "(manifest differs); refusing to overwrite a committed checkpoint"
-            )
-        return True
+        committed = (final / MANIFEST_NAME).read_bytes() if (final / MANIFEST_NAME).is_file() else None
+        return committed_same(self.name, str(final), manifest.step, committed, manifest_bytes)
 
     def put_files(
         self,
@@ -199,17 +185,13 @@ class PosixTier:
                     + (f" (and {len(absent) - 1} more)" if len(absent) > 1 else "")
                 )
             try:
-                write_file_atomic(incoming / MANIFEST_NAME, manifest_bytes)
-                for leftover in [
-                    *incoming.glob(f"{layout.LOCK_PREFIX}*"),
-                    *incoming.glob(f"{INCOMING_TMP}*"),
-                ]:
-                    leftover.unlink()
-                fsync_path(incoming)
                 # A step-N without a manifest (a delete killed midway) is no checkpoint: out of the
                 # way. One with a manifest is left alone: _committed_same said it is not ours.
-                layout.make_room(final)
-                if not publish_dir(incoming, final):
+                unpublished = (layout.LOCK_PREFIX, INCOMING_TMP)
+                published = seal_and_publish(
+                    incoming, final, manifest_bytes, unpublished=unpublished, make_room=True
+                )
+                if not published:
                     raise TierError(
                         f"{self.name}: cannot commit step {manifest.step}: {final} appeared while committing"
                     )
@@ -268,12 +250,8 @@ class PosixTier:
         try:
             with layout.writer_lock(partial, 0):  # start-up cleanup must not take a live fetch
                 copied, _ = self._copy_entries(source, partial, list(manifest.files), progress)
-                write_file_atomic(partial / MANIFEST_NAME, manifest_bytes)
-                for lock in partial.glob(f"{layout.LOCK_PREFIX}*"):
-                    lock.unlink()
-                fsync_path(partial)
-            if not publish_dir(partial, dest):
-                raise TierError(f"{self.name}: {dest} appeared while fetching; not overwritten")
+                if not seal_and_publish(partial, dest, manifest_bytes):
+                    raise TierError(f"{self.name}: {dest} appeared while fetching; not overwritten")
         except ChecksumMismatch as exc:
             shutil.rmtree(partial, ignore_errors=True)
             raise TierError(f"{self.name}: {source}/{exc.path} is corrupt: {exc.detail}") from exc

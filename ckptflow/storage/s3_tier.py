@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptflow.storage import checksums, layout
-from ckptflow.storage.atomic import fsync_path, fsync_tree, publish_dir, write_file_atomic
+from ckptflow.storage.atomic import fsync_path
 from ckptflow.storage.manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -36,6 +36,7 @@ from ckptflow.storage.manifest import (
     safe_relative_path,
 )
 from ckptflow.storage.posix_tier import TRASH_MARK, trash_stamp
+from ckptflow.storage.publishing import committed_same, seal_and_publish, source_manifest
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.s3_client import S3Bucket, S3Credentials, stored_problem
 from ckptflow.storage.s3_transfer import (
@@ -185,26 +186,13 @@ class S3Tier:
 
     # --------------------------------------------------------------------------------- put
     def _source_manifest(self, source: Path, manifest: Manifest) -> bytes:
-        """The exact bytes of ``source``'s manifest.json, which must be ``manifest``."""
-        try:
-            data = (source / MANIFEST_NAME).read_bytes()
-            same = parse_manifest(data, where=str(source / MANIFEST_NAME)) == manifest
-        except (OSError, ManifestError) as exc:
-            raise TierError(f"{self.name}: cannot upload {source}: {exc}") from exc
-        if not same:
-            raise TierError(f"{self.name}: {source}/{MANIFEST_NAME} is not the manifest passed in")
-        return data
+        return source_manifest(self.name, source, manifest, "upload")
 
     def _committed_same(self, manifest: Manifest, manifest_bytes: bytes) -> bool:
-        committed = self.s3.get_bytes(self._step_key(manifest.run, manifest.step) + MANIFEST_NAME)
-        if committed is None:
-            return False
-        if committed[0] != manifest_bytes:
-            raise TierError(
-                f"{self.name}: {self.uri(manifest.run, manifest.step)} already holds a different checkpoint "
-                f"for step {manifest.step} (manifest differs); refusing to overwrite a committed checkpoint"
-            )
-        return True
+        stored = self.s3.get_bytes(self._step_key(manifest.run, manifest.step) + MANIFEST_NAME)
+        committed = None if stored is None else stored[0]
+        where = self.uri(manifest.run, manifest.step)
+        return committed_same(self.name, where, manifest.step, committed, manifest_bytes)
 
     def put_files(
         self,
@@ -336,14 +324,11 @@ class S3Tier:
                         for e in manifest.files
                     ]
                     wait_all(jobs, stop)
-                write_file_atomic(partial / MANIFEST_NAME, manifest_bytes)  # last, as on every tier
-                # The lock file must not be published; removing it touches the directory, so the
-                # clean-up's minimum age still covers the moment until the rename.
-                for lock in partial.glob(f"{layout.LOCK_PREFIX}*"):
-                    lock.unlink()
-            fsync_tree(partial)
-            if not publish_dir(partial, dest):
-                raise TierError(f"{self.name}: {dest} appeared while fetching; not overwritten")
+                # Manifest last, as on every tier; the lock file must not be published (removing it
+                # touches the directory, so the clean-up's minimum age still covers the moment until
+                # the rename); downloads are written without their own fsync: fsync every file.
+                if not seal_and_publish(partial, dest, manifest_bytes, fsync_files=True):
+                    raise TierError(f"{self.name}: {dest} appeared while fetching; not overwritten")
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise

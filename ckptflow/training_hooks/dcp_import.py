@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 
 import ckptflow
 from ckptflow.storage import checksums, layout
-from ckptflow.storage.atomic import fsync_path, publish_dir, write_file_atomic
+from ckptflow.storage.atomic import write_file_atomic
 from ckptflow.storage.manifest import (
     MANIFEST_NAME,
     Alternate,
@@ -45,6 +45,7 @@ from ckptflow.storage.manifest import (
     NodePart,
     safe_relative_path,
 )
+from ckptflow.storage.publishing import seal_and_publish
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.training_hooks.commit_record import committed_record
 from ckptflow.training_hooks.dcp_io import METADATA_NAME, UnsafeCheckpointError, load_metadata_safely
@@ -294,13 +295,8 @@ def adopt_dcp_checkpoint(
                 alternates=tuple(alternates),
             )
             manifest_json = manifest.to_json()
-            write_file_atomic(partial / MANIFEST_NAME, manifest_json)
-        for lock in partial.glob(f"{layout.LOCK_PREFIX}*"):
-            lock.unlink()
-        fsync_path(partial)
-        layout.make_room(final)
-        if not publish_dir(partial, final):
-            raise ImportRefused(f"{final} appeared while importing; pass another step (--step N)")
+            if not seal_and_publish(partial, final, manifest_json, make_room=True):
+                raise ImportRefused(f"{final} appeared while importing; pass another step (--step N)")
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
