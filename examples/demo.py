@@ -225,9 +225,7 @@ def two_node_lifecycle(
             f"{'YES' if resumed == newest else f'NO (step {newest} was not replicated yet)'}"
         )
         if resumed < happened["newest checkpoint with node 1's part on node 0 or warm then"]:
-            print(
-                f"    expected to resume at least from the newest safe checkpoint; resumed from {resumed}"
-            )
+            print(f"    expected to resume at least from the newest safe checkpoint; resumed from {resumed}")
             return False
 
         print("5/6 promotions (each node's part by its agent), retention, recovery drill ...", flush=True)
