@@ -272,7 +272,7 @@ def test_promote_and_scrub_fan_out_on_a_two_worker_dask_cluster(
     assert warm.verify(RUN, STEP).ok
     assert _replica_states(catalog_url)["warm"] == ReplicaState.READY
     scrub_ran = _ran_on_workers(observer, since)
-    assert [name for name, _ in scrub_ran] == ["verify_replica"], scrub_ran
+    assert [name for name, _ in scrub_ran] == ["check_replica"], scrub_ran
     assert {worker for _, worker in scrub_ran} <= set(worker_pids)
     print(f"promote on dask: {promote_s:.1f} s; scrub on dask: {scrub_s:.1f} s")
 
