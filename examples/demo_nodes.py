@@ -41,6 +41,7 @@ class TwoNodes:
 
     def start_agent(self, node: Node) -> None:
         argv = [sys.executable, "-m", "ckptflow.agent", "--config", str(self.config), "--node", node.host]
+        argv += ["--poll-interval-s", "2"]  # two nodes on one machine: polling is cheap, latency shows
         self.agents[node.index] = node.spawn(argv, self.work / f"agent-{node.host}.log", self.env)
 
     def replace_node(self, index: int) -> None:

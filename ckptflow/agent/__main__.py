@@ -29,6 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--housekeeping-interval-s", type=int, default=300)
     ap.add_argument("--limit", type=int, default=4, help="flow runs at once on this node")
     ap.add_argument(
+        "--poll-interval-s",
+        type=float,
+        default=5.0,
+        help="how often the agent asks the server for its runs (Prefect's default is 10 s: a part's "
+        "promotion and replication then start up to 10 s after its event's run is created)",
+    )
+    ap.add_argument(
         "--no-catch-up",
         dest="catch_up",
         action="store_false",
@@ -62,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 str(config), host, args.housekeeping_interval_s, replicate=peer_server is not None
             ),
             limit=args.limit,
+            query_seconds=args.poll_interval_s,
         )
     finally:
         if peer_server is not None:
