@@ -3,6 +3,7 @@ bits, real interrupted pushes. Nothing mocked."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -454,8 +455,17 @@ def test_a_manifest_with_unsafe_paths_or_another_step_is_refused(
     server: PeerServer, ckpt: Checkpoint
 ) -> None:
     body = ckpt.manifest.to_json()
-    evil = body.replace(b'"path": "__2_0.distcp"', b'"path": "../../__2_0.distcp"')
     base = f"/v1/replicas/{RUN}/{STEP}/part-1-of-2"
+    # A manifest edited after it was written fails its own digest ...
+    edited = body.replace(b'"path": "__2_0.distcp"', b'"path": "../../__2_0.distcp"')
+    refused = signed(server, "POST", f"{base}/open", headers=body_headers(edited), content=edited)
+    assert refused.status_code == 422 and "changed after it was written" in refused.json()["error"]
+    # ... and one written that way (a valid digest) is refused for the path itself.
+    files = tuple(
+        dataclasses.replace(f, path="../../__2_0.distcp") if f.path == "__2_0.distcp" else f
+        for f in ckpt.manifest.files
+    )
+    evil = dataclasses.replace(ckpt.manifest, files=files).to_json()
     refused = signed(server, "POST", f"{base}/open", headers=body_headers(evil), content=evil)
     assert refused.status_code == 422 and "outside the checkpoint directory" in refused.json()["error"]
     other_step = f"/v1/replicas/{RUN}/{STEP + 1}/part-1-of-2/open"
