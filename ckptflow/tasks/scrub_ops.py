@@ -34,6 +34,10 @@ from ckptflow.tasks.manifest_check import bytes_mismatch
 # What a failed read raises: none of it says anything about the bytes.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError, TierError)
 
+# What storage.s3_client says for a request that is refused for good (its TierError messages):
+# a configuration error, never "retry later".
+CONFIGURATION_FAULTS = ("the credentials were rejected", "access denied by", "does not exist at")
+
 OK, CORRUPT, RETRY_LATER = "ok", "corrupt", "retry later"
 REPAIRED, REPAIR_FAILED, ERROR = "repaired", "repair failed", "error"
 FAILED_VERDICTS = (REPAIR_FAILED, ERROR)  # what makes a scrub run fail, after every replica was seen
@@ -97,6 +101,8 @@ def check_replica(tier: Tier, target: ScrubTarget, progress: Progress | None = N
             if mismatch is not None:
                 return Check(CORRUPT, report.uri, [mismatch])
     except TRANSIENT_ERRORS as exc:
+        if any(fault in str(exc) for fault in CONFIGURATION_FAULTS):
+            raise  # no retry fixes wrong credentials or a missing bucket: the run fails, naming it
         return Check(RETRY_LATER, uri, [f"unreadable now ({type(exc).__name__}: {exc})"])
     nbytes = report.manifest.total_bytes if report.manifest is not None else 0
     return Check(verdict, report.uri, [str(p) for p in report.problems], nbytes)
