@@ -58,7 +58,7 @@ def test_the_docs_name_only_deployments_that_are_served(doc: str) -> None:
     flows = {flow for flow, _ in served}
     text = (REPO / doc).read_text()
     named = re.findall(r"\b([a-z][a-z-]*)/([a-z][a-z0-9-]*(?:<host>)?)(?![\w-])", text)
-    # node deployments are documented with a placeholder: promote-part/node-<host>
+    # a node deployment is written with "<host>" where its host name goes: promote-part/node-<host>
     named = [(flow, name.replace("<host>", "gpu-node-7")) for flow, name in named if flow in flows]
     for flow, name in named:
         if doc == "docs/DEPLOY.md" and name in RETIRED:
