@@ -84,10 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     # This process's flow runs (retention, drill) report to the stack's server, never an ephemeral
     # one, with its auth string: Prefect read its settings at import, so they are overridden here,
     # not through os.environ.
-    from prefect.settings import temporary_settings
 
     try:
-        with temporary_settings(stack.prefect.client_settings()):
+        with stack.prefect.reporting():
             if two_nodes:
                 ok = two_node_lifecycle(args, stack, run, runs_dir, reused, began)
             else:

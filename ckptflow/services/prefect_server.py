@@ -23,6 +23,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,6 +145,26 @@ class PrefectServer:
             PREFECT_API_KEY: None,
             PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False,
         }
+
+    @contextmanager
+    def reporting(self, extra: dict[Any, Any] | None = None) -> Iterator[PrefectServer]:
+        """This process's flow runs, logs and events go to this server inside the block.
+
+        ``extra`` adds Prefect settings (say ``PREFECT_LOGGING_TO_API_ENABLED: False``). Prefect
+        keeps one events worker per process whose client is bound to the API URL it first saw, and
+        reuses it after the URL changes: events of a run on this server would go to the previous
+        one, whose lookups of this server's runs fail. So the process's event and log workers are
+        drained (and so discarded) on entry and on exit, and the next event starts a worker bound to
+        the server in effect.
+        """
+        from prefect.settings import temporary_settings  # noqa: PLC0415 - Prefect only for a client
+
+        _drain_prefect_workers()
+        with temporary_settings({**self.client_settings(), **(extra or {})}):
+            try:
+                yield self
+            finally:
+                _drain_prefect_workers()
 
     @classmethod
     def start(

@@ -64,10 +64,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_stack.Stac
     string."""
     directory = tmp_path_factory.mktemp("stack")
     running = local_stack.up(directory, serve=True, reconcile_interval_s=3600)
-    from prefect.settings import temporary_settings
 
     try:
-        with temporary_settings(running.prefect.client_settings()):
+        with running.prefect.reporting():
             yield running
     finally:
         local_stack.down(directory)

@@ -113,9 +113,8 @@ def bench(work: Path, **changes: Any) -> Iterator[Bench]:
 @contextmanager
 def reporting(made: Bench) -> Iterator[Bench]:
     """This process's flows report to the bench's Prefect server (basic auth) inside the block."""
-    from prefect.settings import temporary_settings
 
-    with temporary_settings(made.stack.prefect.client_settings()):
+    with made.stack.prefect.reporting():
         yield made
 
 

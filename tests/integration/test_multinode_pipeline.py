@@ -90,10 +90,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     disks = [work / "disk0", work / "disk1"]
     results = {name: work / f"out-{name}" for name in ("first", "loss", "replaced")}
     nodes = cluster("pipe", work, hot, disks, nproc=2)
-    from prefect.settings import temporary_settings
 
     try:
-        with temporary_settings(running.prefect.client_settings()):
+        with running.prefect.reporting():
             nodes.boot()
             agents = [_start_agent(n, config, running, work) for n in nodes.nodes]
             local_stack.wait_for_deployments(running.prefect, ["node-node0", "node-node1"])

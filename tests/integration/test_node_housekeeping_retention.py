@@ -20,12 +20,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def prefect_api() -> Iterator[PrefectServer]:
     import tempfile
 
-    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED, temporary_settings
+    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
 
     with tempfile.TemporaryDirectory() as home:
         server = PrefectServer.start(Path(home))
         try:
-            with temporary_settings({**server.client_settings(), PREFECT_LOGGING_TO_API_ENABLED: False}):
+            with server.reporting({PREFECT_LOGGING_TO_API_ENABLED: False}):
                 yield server
         finally:
             server.stop()

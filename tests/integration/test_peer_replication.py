@@ -179,10 +179,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     disks = [work / f"disk{k}" for k in range(NODES)]
     results = {name: work / f"out-{name}" for name in ("reference", "first", "replaced", "double", "final")}
     job = cluster("peers", work, hot, disks, nproc=1)
-    from prefect.settings import temporary_settings
 
     try:
-        with temporary_settings(running.prefect.client_settings()):
+        with running.prefect.reporting():
             # The uninterrupted reference: another run name, its own disks, no agents yet.
             ref_disks = [work / f"ref{k}" for k in range(NODES)]
             reference = cluster("peers-ref", work, hot, ref_disks, nproc=1)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlmodel import select
@@ -347,11 +348,10 @@ def test_s3_soft_delete_restore_and_purge(s3_tier: object, tmp_path: Path) -> No
 @pytest.fixture(scope="module")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
     """A real Prefect server (no ephemeral mode, basic auth on), this module's client pointed at it."""
-    from prefect.settings import temporary_settings
 
     server = PrefectServer.start(tmp_path_factory.mktemp("prefect"))
     try:
-        with temporary_settings(server.client_settings()):
+        with server.reporting():
             yield server
     finally:
         server.stop()
@@ -369,11 +369,17 @@ def _post(server: PrefectServer, path: str, body: dict) -> list:
 
 @pytest.mark.slow
 def test_flow_dry_run_publishes_the_plan_and_emits_over_budget(
-    world: tuple[str, str, Path], prefect_api: PrefectServer
+    world: tuple[str, str, Path], prefect_api: PrefectServer, pipeline_bench: Any
 ) -> None:
+    from prefect.events import emit_event
+
     from ckptflow.flows.retention import apply_retention as retention_flow
 
     config, policy, tmp = world
+    # This process first reported to another server (as the session's earlier modules do): its
+    # events worker, bound to that server, must not carry this server's run events there.
+    with pipeline_bench.stack.prefect.reporting():
+        emit_event(event="ckptflow.test.elsewhere", resource={"prefect.resource.id": "ckptflow.test"})
     tight = tmp / "tight.yaml"
     tight.write_text(POLICY.replace("tiers:\n", "budget:\n  monthly_usd: 0.0000001\ntiers:\n"))
     summary = retention_flow(config, str(tight))

@@ -27,13 +27,13 @@ RUN = "scrub-manifest"
 @pytest.fixture(scope="module")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real Prefect server on 127.0.0.1 (never an ephemeral one), this process's client on it."""
-    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED, temporary_settings
+    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
 
     from ckptflow.services.prefect_server import PrefectServer
 
     server = PrefectServer.start(tmp_path_factory.mktemp("prefect"))
     try:
-        with temporary_settings({**server.client_settings(), PREFECT_LOGGING_TO_API_ENABLED: False}):
+        with server.reporting({PREFECT_LOGGING_TO_API_ENABLED: False}):
             yield server.api_url
     finally:
         server.stop()

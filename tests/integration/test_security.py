@@ -68,13 +68,12 @@ class AuthServer:
 def prefect_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthServer]:
     """A real Prefect server on 127.0.0.1 with basic auth on (PrefectServer always turns it on, with
     a generated secret in a 0600 file); this process's client authenticated."""
-    from prefect.settings import temporary_settings
 
     server = PrefectServer.start(tmp_path_factory.mktemp("prefect-auth"), startup_timeout_s=240)
     user, password = server.auth_string.split(":", 1)
     running = AuthServer(server, user, password)
     try:
-        with temporary_settings(server.client_settings()):
+        with server.reporting():
             yield running
     finally:
         server.stop()
