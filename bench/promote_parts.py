@@ -12,7 +12,7 @@ the set publishes it, once.
 What is measured, per attempt (``--flow-repeats``, at least 5 for the figures; median and spread):
 
 - each part flow run's wall time, as its caller sees it (flow run created to final state), and the
-  seconds it spent inside its data-moving calls (hot re-hash, copy + CRC + fsync, publish), which
+  seconds it spent inside its data-moving calls (copy + CRC + fsync, publish), which
   the flow itself measures and returns (``data_s``, :mod:`ckptflow.tasks.data_time`). Overhead =
   wall - data of the *same* run; ``overhead_frac`` = sum over nodes of overhead / sum of data time.
 - a plain durable copy of the same bytes in the same attempt, per node the same way (parallel or

@@ -2,15 +2,16 @@
 
 Triggered by ``ckptflow.checkpoint.staged`` through the node's own deployment (the event names every
 node as a related resource; each agent's trigger matches its host: see :mod:`ckptflow.agent`). The
-node verifies the files it holds that the first colder tier (warm) still lacks, copies them there in
-batches (checksummed in the same pass), records what it holds in the catalog, and when that
+node copies the files it holds that the first colder tier (warm) still lacks there in batches, each
+byte checked against the manifest's CRC in the same read (one pass over the part, not a re-hash and
+then a copy), records what it holds in the catalog, and when that
 completed the tier's copy, publishes it (manifest last) and emits ``ckptflow.checkpoint.published``,
 which starts the central ``promote`` (verify warm, then cold from warm). A node that is not the last
 leaves the tier's replica COPYING with the nodes it is waiting for named; nothing incomplete is ever
 published. Reads only this node's own hot root.
 
 Its row reports ``seconds`` (the flow body's wall time) and ``data_s`` / ``data_phases``: the time
-spent inside the data-moving calls (re-hash, copy, publish; :mod:`ckptflow.tasks.data_time`), so
+spent inside the data-moving calls (copy + CRC + fsync, publish; :mod:`ckptflow.tasks.data_time`), so
 a caller can tell this run's orchestration cost (its wall time minus ``data_s``) from the data's.
 """
 
@@ -25,7 +26,7 @@ from ckptflow.catalog import Catalog, LeaseKey
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.runners import batch_count, submit, task_runner_for
 from ckptflow.storage.run_names import check_run_name
-from ckptflow.storage.tier import Tier
+from ckptflow.storage.tier import Tier, TierError
 from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica, replica_states
 from ckptflow.tasks.data_time import DataTime
 from ckptflow.tasks.leases import hold
@@ -39,14 +40,15 @@ from ckptflow.tasks.part_ops import (
     this_host,
 )
 from ckptflow.tasks.part_tasks import announce_published, holding_summary, record_holding
-from ckptflow.tasks.replica_tasks import commit_replica, copy_batch, verify_hot_batch
+from ckptflow.tasks.replica_tasks import commit_replica, copy_batch
 from ckptflow.tasks.tiers import batches_of, load
 
 PART_THREADS = 8
 
 
 class PartPromotionError(RuntimeError):
-    """This node's part could not be copied (its hot copy does not match its manifest)."""
+    """This node's part could not be copied (a file does not match its manifest, or the target
+    tier refused a write); the message names the node, the file and the cause."""
 
 
 @flow(name="promote-part", log_prints=False)
@@ -127,28 +129,30 @@ def _copy_part(
     checkpoint_id: int,
     data: DataTime,
 ) -> list[dict[str, Any]]:
-    """Verify this node's files ``paths`` against the manifest, then copy them to ``target``."""
+    """Copy this node's files ``paths`` to ``target``, each byte checked against the manifest's CRC
+    in the same read (a file that does not match is never left on ``target``): no separate re-hash
+    pass reads the part a second time."""
     config, tiers = load(config_path)
     tier = tiers[target]
     batches = batches_of(holding.manifest, paths, batch_count(config))
+    record_replica.fn(config_path, checkpoint_id, target, "copying", uri=tier.uri(run, step))
     with task_runner_for(config, threads=PART_THREADS) as runner:
-        checks = [submit(runner, verify_hot_batch, config_path, run, step, b) for b in batches]
-        verified = [f.result() for f in checks]
-        data.add_parallel("verify", (v["seconds"] for v in verified))
-        problems = [p for v in verified for p in v["problems"]]
-        if problems:
-            raise PartPromotionError(f"node {host}: its copy of {run} step {step} is damaged: {problems[:5]}")
-        record_replica.fn(config_path, checkpoint_id, target, "pending", uri=tier.uri(run, step))
-        record_replica.fn(config_path, checkpoint_id, target, "copying", uri=tier.uri(run, step))
-        copied = [
-            f.result()
-            for f in [
-                submit(runner, copy_batch, config_path, run, step, target, b, i)
-                for i, b in enumerate(batches)
-            ]
+        futures = [
+            submit(runner, copy_batch, config_path, run, step, target, b, i) for i, b in enumerate(batches)
         ]
-        data.add_parallel("copy", (c["seconds"] for c in copied))
-        return copied
+        copied, failed = [], []
+        for future in futures:  # every batch ends before the error: none is left writing
+            try:
+                copied.append(future.result())
+            except TierError as exc:
+                failed.append(exc)
+    if failed:
+        raise PartPromotionError(
+            f"node {host}: its part of {run} step {step} could not be copied to {target}: {failed[0]}"
+            + (f" (and {len(failed) - 1} more failed batches)" if len(failed) > 1 else "")
+        ) from failed[0]
+    data.add_parallel("copy", (c["seconds"] for c in copied))
+    return copied
 
 
 def _waiting(

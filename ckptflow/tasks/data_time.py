@@ -1,7 +1,7 @@
 """How long a flow run spent moving data, so its orchestration cost is measured inside the same run.
 
 A flow run's wall time is orchestration (Prefect state changes and task runs, catalog writes,
-planning) plus the data-moving calls (re-hash the source, copy + checksum + fsync, publish). The flow
+planning) plus the data-moving calls (copy + checksum + fsync, publish). The flow
 accumulates the second kind in a :class:`DataTime` and returns it in its row, so the overhead is
 ``flow wall - data_s`` of one run, not the difference of two separately timed runs (which on a
 shared machine swings more than the overhead itself). No Prefect here.

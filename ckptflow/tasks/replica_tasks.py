@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +12,9 @@ from ckptflow.catalog import Catalog
 from ckptflow.storage.manifest import Manifest
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.s3_tier import S3Tier
-from ckptflow.storage.verify import verify_files
 from ckptflow.tasks import progress
 from ckptflow.tasks.lease_cleanup import clean_remote_tier
 from ckptflow.tasks.tiers import load
-
-
-def hot_manifest(config_path: str, run: str, step: int) -> tuple[Path, Manifest]:
-    """The hot copy's directory and manifest; ValueError if it is not committed there."""
-    return source_copy(config_path, run, step, "hot")
 
 
 def source_copy(config_path: str, run: str, step: int, source: str) -> tuple[Path, Manifest]:
@@ -37,18 +30,6 @@ def source_copy(config_path: str, run: str, step: int, source: str) -> tuple[Pat
             f"checkpoint {run} step {step} is not committed on the {source} tier ({tier.path(run, step)})"
         )
     return tier.path(run, step), manifest
-
-
-@task(cache_policy=NO_CACHE)
-def verify_hot_batch(config_path: str, run: str, step: int, paths: list[str]) -> dict[str, Any]:
-    """Re-hash a batch of the hot copy's files against the manifest: ``problems`` found, and
-    ``seconds`` spent re-hashing (data time, see :mod:`ckptflow.tasks.data_time`)."""
-    directory, manifest = hot_manifest(config_path, run, step)
-    wanted = set(paths)
-    entries = [e for e in manifest.files if e.path in wanted]
-    start = time.perf_counter()
-    problems = [str(p) for p in verify_files(directory, entries, progress=progress.sink())]
-    return {"problems": problems, "seconds": time.perf_counter() - start}
 
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)

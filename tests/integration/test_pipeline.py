@@ -105,13 +105,12 @@ def test_staged_events_trigger_promotion_to_warm_and_cold(stack, tmp_path):
     assert all(isinstance(r.parameters["step"], int) for r in runs + part_runs)
 
     # Per batch, never per file, and no re-verification pass for tiers that held no copy yet: the
-    # node verifies and copies its part (one batch each with threads) and announces the warm copy;
-    # the pipeline verifies warm, then copies, commits and verifies cold.
+    # node copies its part, each byte checked in the read that copies it (one batch with threads),
+    # and announces the warm copy; the pipeline verifies warm, then copies, commits and verifies cold.
     first_part = min(
         (r for r in part_runs if r.parameters["step"] == 20), key=lambda r: r.expected_start_time
     )
     assert _task_runs_by_name(first_part.id) == {
-        "verify_hot_batch": 1,
         "copy_batch": 1,
         "announce_published": 1,
     }
