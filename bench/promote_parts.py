@@ -4,14 +4,16 @@ Used by ``bench/promote.py`` (part 3). A checkpoint of ``--flow-files`` files is
 nodes' parts: node k's hot root (its own directory, as node-local NVMe would be) holds its share of
 the files and the manifest naming every node. At the moment the checkpoint is decided (every part
 and manifest written, what the ``staged`` event announces), one ``promote-part`` flow run per node
-starts, each with its own ``ckptflow.yaml`` (its hot root, the shared warm root, one catalog), on a
-real Prefect server: in parallel threads of this process by default, as the nodes' agents would
-(``--serial-nodes``: one after another). Each copies its part to warm and the run that completes
-the set publishes it, once.
+is created on a real Prefect server (as the event's automation creates them for the nodes'
+deployments), then each node executes its own, with its own ``ckptflow.yaml`` (its hot root, the
+shared warm root, one catalog): in parallel threads of this process by default, as the nodes'
+agents would (``--serial-nodes``: one after another). Each copies its part to warm and the run
+that completes the set publishes it, once.
 
 What is measured, per attempt (``--flow-repeats``, at least 5 for the figures; median and spread):
 
-- each part flow run's wall time, as its caller sees it (flow run created to final state), and the
+- each part flow run's wall time, as the node executing it sees it (from taking the created run to
+  its final state: Prefect's engine, the flow body, the heartbeat thread's shutdown), and the
   seconds it spent inside its data-moving calls (copy + CRC + fsync, publish), which
   the flow itself measures and returns (``data_s``, :mod:`ckptflow.tasks.data_time`). Overhead =
   wall - data of the *same* run; ``overhead_frac`` = sum over nodes of overhead / sum of data time.
@@ -20,7 +22,8 @@ What is measured, per attempt (``--flow-repeats``, at least 5 for the figures; m
   directory. ``warm_vs_durable_copy`` = the promotion's data throughput over that copy's
   (sum of copy seconds / sum of data seconds). The two alternate which goes first.
 - ``staged_to_warm_s``: from the decision to the return of the flow run that published warm (its
-  manifest written last and renamed into place, the ``published`` event emitted).
+  manifest written last and renamed into place, the ``published`` event emitted), creating the
+  flow runs included (the agents' polling, seconds in a deployment, is not part of it).
 
 Both read the hot files from the page cache; dirty pages are flushed between attempts, outside the
 timings. After the last attempt, the central ``promote`` (verify warm, warm -> cold) runs once on the
@@ -158,7 +161,7 @@ class PartRun:
     """One node's ``promote-part`` flow run."""
 
     host: str
-    wall_s: float  # flow run created to final state, as the caller sees it
+    wall_s: float  # the node taking its created flow run to its final state
     start_s: float  # since the checkpoint was decided
     end_s: float
     row: dict[str, Any]
@@ -174,7 +177,7 @@ class PartRun:
 
     @property
     def engine_s(self) -> float:
-        """Outside the flow function: Prefect creating, starting and finishing the flow run."""
+        """Outside the flow function: Prefect starting and finishing the flow run."""
         return self.wall_s - float(self.row["seconds"])
 
     @property
@@ -188,6 +191,7 @@ class PartsAttempt:
     parts: list[PartRun]
     durable_s: list[float]  # per node: a plain durable copy of the same files
     staged_to_warm_s: float
+    created_s: float  # creating the nodes' flow runs, from the decision (inside staged_to_warm_s)
 
     @property
     def overhead_frac(self) -> float:
@@ -264,8 +268,43 @@ def durable_copy(src: Path, names: list[str], target: Path) -> float:
     return time.perf_counter() - start
 
 
-def promote_parts(stack: NodeStack, label: str, manifest: Manifest, parallel: bool) -> list[PartRun]:
-    """Every node's part flow run at once (or one after another); check warm was published once."""
+def create_part_runs(stack: NodeStack, configs: list[Path]) -> list[Any]:
+    """One ``promote-part`` flow run per node, created up front (Pending) as the staged event's
+    automation creates them in a deployment; each node's agent then only executes its own.
+
+    Creating them here, one after another, also keeps the bench clear of an artifact: two
+    ``create_flow_run`` calls at the same instant on a SQLite-backed Prefect server often get a 503
+    ("database is locked") and the client backs off ~2 s, which a bench calling the flow from two
+    threads at once would charge to the second node's engine time.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.states import Pending
+
+    from ckptflow.flows.promote_part import promote_part
+
+    with get_client(sync_client=True) as client:
+        return [
+            client.create_flow_run(
+                promote_part,
+                parameters=promote_part.serialize_parameters(
+                    {"run": RUN, "step": STEP, "config_path": str(configs[k]), "node": host}
+                ),
+                state=Pending(),
+            )
+            for k, host in enumerate(stack.hosts)
+        ]
+
+
+def promote_parts(
+    stack: NodeStack, label: str, manifest: Manifest, parallel: bool
+) -> tuple[float, list[PartRun]]:
+    """Every node's part flow run at once (or one after another); check warm was published once.
+
+    Returns the seconds spent creating the flow runs after the decision (part of staged -> warm),
+    and each node's run, timed from the start of its execution to its final state.
+    """
+    from prefect.flow_engine import run_flow
+
     from ckptflow.catalog import Catalog
     from ckptflow.flows.promote_part import promote_part
 
@@ -274,16 +313,17 @@ def promote_parts(stack: NodeStack, label: str, manifest: Manifest, parallel: bo
     # The catalog exists before the checkpoint is decided (training recorded it), as in a deployment.
     Catalog.open(f"sqlite:///{stack.directory / f'catalog-{label}.db'}").dispose()
     t0 = time.perf_counter()
+    flow_runs = create_part_runs(stack, configs)
+    created_s = time.perf_counter() - t0
 
     def node(k: int) -> Callable[[], PartRun]:
         def go() -> PartRun:
             start = time.perf_counter()
-            state = promote_part(RUN, STEP, str(configs[k]), node=stack.hosts[k], return_state=True)
+            parameters = {"run": RUN, "step": STEP, "config_path": str(configs[k]), "node": stack.hosts[k]}
+            state = run_flow(promote_part, flow_run=flow_runs[k], parameters=parameters, return_type="state")
             end = time.perf_counter()
-            row = state.result()
-            return PartRun(
-                stack.hosts[k], end - start, start - t0, end - t0, row, state.state_details.flow_run_id
-            )
+            row = state.result()  # type: ignore[union-attr]
+            return PartRun(stack.hosts[k], end - start, start - t0, end - t0, row, flow_runs[k].id)
 
         return go
 
@@ -294,7 +334,7 @@ def promote_parts(stack: NodeStack, label: str, manifest: Manifest, parallel: bo
         raise RuntimeError(f"warm not published once with every file: {[p.row for p in parts]}")
     if PosixTier("warm", warm_root).read_manifest(RUN, STEP) is None:
         raise RuntimeError(f"warm has no published manifest under {warm_root}")
-    return parts
+    return created_s, parts
 
 
 def bench_parts(
@@ -317,7 +357,7 @@ def bench_parts(
         got: dict[str, Any] = {}
 
         def ours(r: int = r, got: dict[str, Any] = got) -> None:
-            got["parts"] = promote_parts(stack, f"a{r}", manifest, parallel)
+            got["created_s"], got["parts"] = promote_parts(stack, f"a{r}", manifest, parallel)
             if r < repeats - 1:
                 settle(stack.directory / f"warm-a{r}")
 
@@ -333,7 +373,7 @@ def bench_parts(
             fn()
         parts = got["parts"]
         publish = next(p for p in parts if p.row["action"] == "published")
-        attempt = PartsAttempt(parts, got["durable"], publish.end_s)
+        attempt = PartsAttempt(parts, got["durable"], publish.end_s, got["created_s"])
         attempts.append(attempt)
         last = parts
         clock.say(
@@ -394,7 +434,8 @@ def print_parts_report(
             )
         print(
             f"  {'':<8} {'all':<14} overhead_frac {a.overhead_frac:.3f}, warm_vs_durable_copy "
-            f"{a.vs_durable:.3f}, staged_to_warm {a.staged_to_warm_s:.3f} s"
+            f"{a.vs_durable:.3f}, staged_to_warm {a.staged_to_warm_s:.3f} s "
+            f"(creating the runs {a.created_s:.3f} s)"
         )
     print(
         "  (overhead = engine: Prefect outside the flow function, as the caller times it, + in flow: "
