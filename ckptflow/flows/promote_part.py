@@ -199,12 +199,13 @@ def _publish(
                 )
                 return {
                     **row,
+                    **data.as_row(),
                     "action": "publish in progress elsewhere",
                     "detail": held.describe_refused(),
                     "seconds": seconds,
                 }
             if tiers[target].read_manifest(run, step) is not None:
-                return {**row, "action": "already published", "seconds": seconds}
+                return {**row, **data.as_row(), "action": "already published", "seconds": seconds}
             held.check()
             with data.measure("commit"):
                 uri = commit_replica.fn(config_path, run, step, target)
