@@ -169,7 +169,11 @@ def two_node_lifecycle(
         from ckptflow.agent.node_deployments import deployment_name
         from ckptflow.services import stack as local_stack
 
-        local_stack.wait_for_deployments(stack.prefect, [deployment_name(n.host) for n in nodes.job.nodes])
+        names = [deployment_name(n.host) for n in nodes.job.nodes]
+        flows = ("promote-part", "replicate-part")  # started by each checkpoint's staged event
+        local_stack.wait_for_deployments(
+            stack.prefect, names, triggered=[f"{f}/{n}" for f in flows for n in names]
+        )
         hosts = ", ".join(n.host for n in nodes.job.nodes)
         print(f"    {hosts} up; their disks: {', '.join(map(str, nodes.disks))}")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +39,9 @@ class TwoNodes:
         return [node.disk for node in self.job.nodes]
 
     def start_agent(self, node: Node) -> None:
-        argv = [sys.executable, "-m", "ckptflow.agent", "--config", str(self.config), "--node", node.host]
-        argv += ["--poll-interval-s", "2"]  # two nodes on one machine: polling is cheap, latency shows
-        self.agents[node.index] = node.spawn(argv, self.work / f"agent-{node.host}.log", self.env)
+        # Two nodes on one machine: polling is cheap, latency shows.
+        log = self.work / f"agent-{node.host}.log"
+        self.agents[node.index] = node.start_agent(self.config, log, self.env, ["--poll-interval-s", "2"])
 
     def replace_node(self, index: int) -> None:
         """The node dies (every process of it, its agent too) and comes back with an empty disk."""

@@ -119,6 +119,14 @@ class Node:
         self.procs.append(proc)
         return proc
 
+    def start_agent(
+        self, config: Path, log: Path, env: dict[str, str] | None = None, extra: list[str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``ckptflow agent`` for this node inside it (its own hot root, its host name), with
+        ``extra`` agent options (say ``--peer-bind``); ``env`` as for :meth:`spawn`."""
+        argv = [sys.executable, "-m", "ckptflow.agent", "--config", str(config), "--node", self.host]
+        return self.spawn([*argv, *(extra or [])], log, env)
+
     def namespace(self) -> str | None:
         """The mount namespace id of the node (None once it is gone)."""
         if self.holder is None:

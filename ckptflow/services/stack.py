@@ -20,8 +20,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -154,26 +156,49 @@ def start_agent(directory: Path, prefect: PrefectServer, config_path: Path, node
     return _start_background(directory, prefect, AGENT_STATE, "agent.log", argv)
 
 
-def wait_for_deployments(prefect: PrefectServer, names: list[str], timeout_s: float = 120.0) -> None:
-    """Block until every deployment name is registered on the server."""
-    deadline = time.monotonic() + timeout_s
+def _api_post(prefect: PrefectServer, path: str, body: dict[str, Any]) -> Any:
     token = base64.b64encode(prefect.auth_string.encode()).decode()
+    request = urllib.request.Request(
+        f"{prefect.api_url}/{path}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Basic {token}"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def wait_for_deployments(
+    prefect: PrefectServer, names: list[str], timeout_s: float = 120.0, triggered: Collection[str] = ()
+) -> None:
+    """Block until every deployment name is registered on the server, and each deployment of
+    ``triggered`` (full names, ``flow/deployment``) has its event trigger too: serving registers a
+    deployment before its triggers (an automation that runs it), and an event sent in between
+    starts nothing."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        request = urllib.request.Request(
-            f"{prefect.api_url}/deployments/filter",
-            data=b"{}",
-            method="POST",
-            headers={"Content-Type": "application/json", "Authorization": f"Basic {token}"},
-        )
         try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                found = {d["name"] for d in json.loads(response.read())}
-            if set(names) <= found:
+            deployments = _api_post(prefect, "deployments/filter", {})
+            found = {d["name"] for d in deployments}
+            ready = set(names) <= found
+            if ready and triggered:
+                flows = {f["id"]: f["name"] for f in _api_post(prefect, "flows/filter", {})}
+                ids = {f"{flows.get(d['flow_id'])}/{d['name']}": d["id"] for d in deployments}
+                run_by_automation = {
+                    action.get("deployment_id")
+                    for automation in _api_post(prefect, "automations/filter", {})
+                    for action in automation.get("actions", [])
+                }
+                ready = all(ids.get(name) in run_by_automation for name in triggered)
+            if ready:
                 return
         except OSError:
             pass
         time.sleep(1.0)
-    raise TimeoutError(f"deployments {names} not registered within {timeout_s} s; see serve.log")
+    raise TimeoutError(
+        f"deployments {names} (with the triggers of {sorted(triggered)}) not registered within "
+        f"{timeout_s} s; see serve.log and agent.log"
+    )
 
 
 def up(directory: Path, serve: bool = True, reconcile_interval_s: int = 300, agent: bool = True) -> Stack:
@@ -209,7 +234,10 @@ def up(directory: Path, serve: bool = True, reconcile_interval_s: int = 300, age
         if agent:
             agent_pid = start_agent(directory, prefect, config, this_host())
             names.append(deployment_name(this_host()))
-        wait_for_deployments(prefect, names)
+        triggered = [f"promote/{PROMOTE_DEPLOYMENT}"]
+        if agent:
+            triggered.append(f"promote-part/{deployment_name(this_host())}")
+        wait_for_deployments(prefect, names, triggered=triggered)
     return Stack(directory, seaweed, prefect, pid, agent_pid)
 
 

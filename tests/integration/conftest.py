@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ckptflow.services import stack as local_stack
+from ckptflow.services.prefect_server import PrefectServer
 from ckptflow.services.seaweed import SeaweedError, SeaweedServer, find_weed_binary
 from ckptflow.storage.s3_tier import S3Tier
 
@@ -80,3 +81,13 @@ def pipeline_bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     with bench(tmp_path_factory.mktemp("pipelinebench")) as made:
         yield made
+
+
+@pytest.fixture(scope="module")
+def shared_prefect(pipeline_bench: Any) -> Iterator[PrefectServer]:
+    """The session's bench Prefect server, this module's flows reporting to it (logs not sent to
+    the API): for modules that need a real server but no server of their own (one less to start)."""
+    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
+
+    with pipeline_bench.stack.prefect.reporting({PREFECT_LOGGING_TO_API_ENABLED: False}) as server:
+        yield server

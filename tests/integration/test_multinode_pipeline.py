@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,11 +60,9 @@ class World:
 
 
 def _start_agent(node: simulated_nodes.Node, config: Path, stack: local_stack.Stack, work: Path) -> Any:
-    argv = [sys.executable, "-m", "ckptflow.agent", "--config", str(config), "--node", node.host]
-    return node.spawn(
-        argv + ["--housekeeping-interval-s", "3600"],
-        work / f"agent-{node.host}.log",
-        local_stack.client_env(stack.prefect),
+    env = local_stack.client_env(stack.prefect)
+    return node.start_agent(
+        config, work / f"agent-{node.host}.log", env, ["--housekeeping-interval-s", "3600"]
     )
 
 
@@ -95,7 +92,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         with running.prefect.reporting():
             nodes.boot()
             agents = [_start_agent(n, config, running, work) for n in nodes.nodes]
-            local_stack.wait_for_deployments(running.prefect, ["node-node0", "node-node1"])
+            names = ["node-node0", "node-node1"]
+            triggered = [f"promote-part/{name}" for name in names]
+            local_stack.wait_for_deployments(running.prefect, names, triggered=triggered)
             _train(nodes, config, results["first"], 6, running)
             wait_ready(config, RUN, [3, 6], timeout_s=TIMEOUT_S)
 

@@ -4,7 +4,6 @@ server, each deletes only its own parts and keeps its newest complete checkpoint
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,23 +15,8 @@ from ckptflow.storage import layout
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def prefect_api() -> Iterator[PrefectServer]:
-    import tempfile
-
-    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
-
-    with tempfile.TemporaryDirectory() as home:
-        server = PrefectServer.start(Path(home))
-        try:
-            with server.reporting({PREFECT_LOGGING_TO_API_ENABLED: False}):
-                yield server
-        finally:
-            server.stop()
-
-
 def test_each_nodes_housekeeping_run_deletes_its_own_hot_parts(
-    tmp_path: Path, prefect_api: PrefectServer
+    tmp_path: Path, shared_prefect: PrefectServer
 ) -> None:
     from ckptflow.flows.node_housekeeping import node_housekeeping
 

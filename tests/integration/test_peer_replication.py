@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -70,9 +69,10 @@ class World:
 
 
 def _start_agent(node: Node, config: Path, stack: local_stack.Stack, work: Path) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "ckptflow.agent", "--config", str(config), "--node", node.host]
-    argv += ["--housekeeping-interval-s", "3600", "--peer-bind", f"127.0.1.{node.index + 1}:0"]
-    return node.spawn(argv, work / f"agent-{node.host}.log", local_stack.client_env(stack.prefect))
+    extra = ["--housekeeping-interval-s", "3600", "--peer-bind", f"127.0.1.{node.index + 1}:0"]
+    return node.start_agent(
+        config, work / f"agent-{node.host}.log", local_stack.client_env(stack.prefect), extra
+    )
 
 
 def _cut_warm(node: Node, warm: Path, work: Path) -> None:
@@ -201,7 +201,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             _cut_warm(job.nodes[1], warm, work)
             for node in job.nodes:
                 _start_agent(node, config, running, work)
-            local_stack.wait_for_deployments(running.prefect, [f"node-node{k}" for k in range(NODES)])
+            names = [f"node-node{k}" for k in range(NODES)]
+            triggered = [f"{flow}/{name}" for flow in ("promote-part", "replicate-part") for name in names]
+            local_stack.wait_for_deployments(running.prefect, names, triggered=triggered)
             _train(job, config, results["first"], 6, running)
             replicated = _wait_replicated(body, [3, 6])
             sizes = {k: _part_bytes_on(disks[k], k, [3, 6]) for k in range(NODES)}

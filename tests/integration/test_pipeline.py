@@ -82,24 +82,36 @@ def test_staged_events_trigger_promotion_to_warm_and_cold(stack, tmp_path):
     # The promotions ran through the deployments' event triggers, not by a direct call: the node's
     # part through its agent's deployment (staged event), warm -> cold through promote-on-published.
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterName,
+        FlowFilter,
+        FlowFilterName,
+    )
 
     from ckptflow.agent.node_deployments import deployment_name
     from ckptflow.flows.deployments import PROMOTE_DEPLOYMENT
     from ckptflow.tasks.part_ops import this_host
 
-    async def runs_of(deployment: str) -> list:
+    async def runs_of(flow: str, deployment: str) -> list:
+        # By flow and deployment name: a node's promote-part and replicate-part deployments are
+        # both named node-<host>.
         async with get_client() as client:
             return await client.read_flow_runs(
-                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment]))
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[flow])),
+                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment])),
             )
 
     import asyncio
 
     part_runs = [
-        r for r in asyncio.run(runs_of(deployment_name(this_host()))) if r.parameters.get("run") == "e2e"
+        r
+        for r in asyncio.run(runs_of("promote-part", deployment_name(this_host())))
+        if r.parameters.get("run") == "e2e"
     ]
-    runs = [r for r in asyncio.run(runs_of(PROMOTE_DEPLOYMENT)) if r.parameters.get("run") == "e2e"]
+    runs = [
+        r for r in asyncio.run(runs_of("promote", PROMOTE_DEPLOYMENT)) if r.parameters.get("run") == "e2e"
+    ]
     assert {r.parameters["step"] for r in part_runs} >= {10, 20}
     assert {r.parameters["step"] for r in runs} >= {10, 20}
     assert all(isinstance(r.parameters["step"], int) for r in runs + part_runs)
@@ -238,7 +250,17 @@ def test_scrub_finds_and_repairs_a_corrupt_warm_replica(stack, tmp_path):
 
 def test_s3_killed_mid_multipart_upload_then_retry_and_reconcile(stack, tmp_path):
     # A run whose shard is ~30 MB: a multipart upload of 8 MiB parts (the stack's part size).
-    config = _config(stack, tmp_path, **{"prefect.api_url": None})  # no event: promote by hand below
+    # Promoted by hand below, with a catalog and hot and warm roots of its own: the published event
+    # of the hand-run promote-part still reaches the stack, whose served promote (the stack's
+    # config) then finds nothing of this run to copy instead of taking the cold lease while S3 is
+    # down, and the stack's agent never sees this run on its hot root.
+    own = {
+        "prefect.api_url": None,  # training posts no staged event
+        "catalog": f"sqlite:///{tmp_path / 's3kill.db'}",
+        "tiers.hot.root": str(tmp_path / "hot"),
+        "tiers.warm.root": str(tmp_path / "warm"),
+    }
+    config = _config(stack, tmp_path, **own)
     _train(config, "s3kill", 10, tmp_path, hidden=1600, every=10)
     from ckptflow.flows.promote import promote
     from ckptflow.flows.promote_part import promote_part
@@ -275,7 +297,7 @@ def test_s3_killed_mid_multipart_upload_then_retry_and_reconcile(stack, tmp_path
     assert [r["tier"] for r in rows] == ["warm", "cold"]
     assert replica_states(config, "s3kill")[10]["cold"] == "ready"
 
-    stale_now = _config(stack, tmp_path, **{"promote.stale_upload_age_s": 0, "prefect.api_url": None})
+    stale_now = _config(stack, tmp_path, **{**own, "promote.stale_upload_age_s": 0})
     from ckptflow.flows.reconcile import reconcile
 
     reconcile(str(stale_now))

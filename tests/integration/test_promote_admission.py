@@ -5,7 +5,6 @@ uploads and early-deletion fees saved."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,21 +37,6 @@ tiers:
     price: {{per_gb_month: {PRICE}, min_storage_days: {MIN_DAYS}, delete_per_1000: {DELETE_PER_1000}}}
     rules: [{{keep_every: 4}}]
 """
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> Iterator[PrefectServer]:
-    import tempfile
-
-    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
-
-    with tempfile.TemporaryDirectory() as home:
-        server = PrefectServer.start(Path(home))
-        try:
-            with server.reporting({PREFECT_LOGGING_TO_API_ENABLED: False}):
-                yield server
-        finally:
-            server.stop()
 
 
 def _world(tmp_path: Path, endpoint: str, bucket: str, seaweed: SeaweedServer) -> Path:
@@ -101,7 +85,7 @@ def _world(tmp_path: Path, endpoint: str, bucket: str, seaweed: SeaweedServer) -
 
 
 def test_cold_gets_only_every_4th_checkpoint_and_the_plan_reports_the_fees_not_paid(
-    tmp_path: Path, seaweed: SeaweedServer, s3_bucket: str, prefect_api: PrefectServer
+    tmp_path: Path, seaweed: SeaweedServer, s3_bucket: str, shared_prefect: PrefectServer
 ) -> None:
     from ckptflow.flows.promote import promote
     from ckptflow.flows.reconcile import reconcile

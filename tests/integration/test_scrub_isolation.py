@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,21 +31,6 @@ from ckptflow.tasks import scrub_ops
 from ckptflow.training_hooks import Checkpointer, ModelState
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> Iterator[PrefectServer]:
-    import tempfile
-
-    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
-
-    with tempfile.TemporaryDirectory() as home:
-        server = PrefectServer.start(Path(home))
-        try:
-            with server.reporting({PREFECT_LOGGING_TO_API_ENABLED: False}):
-                yield server
-        finally:
-            server.stop()
 
 
 def _world(tmp_path: Path, seaweed: SeaweedServer, bucket: str, runs: dict[str, list[int]]) -> Path:
@@ -109,7 +93,7 @@ def _artifact_rows(server: PrefectServer, key: str) -> list[dict[str, Any]]:
 
 
 def test_a_repair_that_raises_fails_only_its_replica_and_the_artifact_is_written(
-    tmp_path: Path, seaweed: SeaweedServer, s3_bucket: str, prefect_api: PrefectServer, refusing_changes
+    tmp_path: Path, seaweed: SeaweedServer, s3_bucket: str, shared_prefect: PrefectServer, refusing_changes
 ) -> None:
     from ckptflow.flows.scrub import ScrubError, scrub
 
@@ -148,7 +132,7 @@ def test_a_repair_that_raises_fails_only_its_replica_and_the_artifact_is_written
             assert replica.state == ReplicaState.READY, (key3, replica.reason)
             if key3[2] != "hot":  # every other replica was verified again by this scrub
                 assert replica.verified_at > before[key3].verified_at
-    rows = _artifact_rows(prefect_api, "scrub")
+    rows = _artifact_rows(shared_prefect, "scrub")
     assert {(r["run"], r["step"], r["tier"]): r["verdict"] for r in rows} == verdicts
 
 

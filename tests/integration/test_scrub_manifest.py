@@ -8,13 +8,13 @@ digest matches its content): only the catalog's ``manifest_checksum`` tells it a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from ckptflow.catalog import Catalog, ReplicaState
+from ckptflow.services.prefect_server import PrefectServer
 from ckptflow.storage.manifest import MANIFEST_NAME, content_digest, read_manifest
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.training_hooks import Checkpointer, ModelState
@@ -24,23 +24,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 RUN = "scrub-manifest"
 
 
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real Prefect server on 127.0.0.1 (never an ephemeral one), this process's client on it."""
-    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
-
-    from ckptflow.services.prefect_server import PrefectServer
-
-    server = PrefectServer.start(tmp_path_factory.mktemp("prefect"))
-    try:
-        with server.reporting({PREFECT_LOGGING_TO_API_ENABLED: False}):
-            yield server.api_url
-    finally:
-        server.stop()
-
-
 def test_scrub_repairs_a_replica_whose_manifest_is_not_the_committed_one(
-    tmp_path: Path, prefect_api: str
+    tmp_path: Path, shared_prefect: PrefectServer
 ) -> None:
     from ckptflow.flows.scrub import scrub
 

@@ -460,6 +460,11 @@ def test_deployed_pipeline_runs_authenticated_and_no_log_or_artifact_holds_a_sec
         from ckptflow.tasks.part_ops import this_host
 
         _wait_for_deployment(prefect_auth, deployment_name(this_host()), agent_log)
+        from ckptflow.services import stack as local_stack
+
+        # Its trigger too: registered after the deployment; a staged event in between starts nothing.
+        node = deployment_name(this_host())
+        local_stack.wait_for_deployments(prefect_auth.server, [node], triggered=[f"promote-part/{node}"])
         # The training side: a committed checkpoint, its staged event sent with the auth string.
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
