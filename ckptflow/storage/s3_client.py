@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptflow.storage.manifest import FileEntry
-from ckptflow.storage.tier import TierError
+from ckptflow.storage.tier import TierConfigurationError, TierError
 from ckptflow.storage.verify import FileProblem
 
 CREDENTIAL_ERRORS = frozenset(
@@ -134,10 +134,12 @@ class S3Bucket:
             self._client = None
 
     def error(self, exc: BaseException, action: str, key: str | None = None) -> TierError:
-        """A TierError naming endpoint, bucket and key, never the secret."""
+        """A TierError naming endpoint, bucket and key, never the secret; a TierConfigurationError
+        for a request refused for good (credentials rejected, access denied, no such bucket)."""
         from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
         where = f"s3://{self.bucket}/{key}" if key else f"bucket {self.bucket!r}"
+        kind = TierError
         if isinstance(exc, ClientError):
             err = exc.response.get("Error", {})
             code, message = err.get("Code", "?"), err.get("Message", "")
@@ -149,13 +151,16 @@ class S3Bucket:
                     f"{self.bucket!r} ({code}: {message or 'forbidden'}) during {action} {where}; "
                     "check the access key id and secret"
                 )
+                kind = TierConfigurationError
             elif code == "AccessDenied":
                 text = (
                     f"{self.owner}: access denied by {self.endpoint} for bucket {self.bucket!r} during "
                     f"{action} {where}: the credentials are valid but lack permission ({message})"
                 )
+                kind = TierConfigurationError
             elif code == "NoSuchBucket":
                 text = f"{self.owner}: bucket {self.bucket!r} does not exist at {self.endpoint} ({action})"
+                kind = TierConfigurationError
             else:
                 text = f"{self.owner}: {action} {where} at {self.endpoint} failed: {code}: {message}"
         elif isinstance(exc, NoCredentialsError):
@@ -169,7 +174,7 @@ class S3Bucket:
             text = f"{self.owner}: {action} {where} at {self.endpoint} failed: {type(exc).__name__}: {exc}"
         if self._credentials and self._credentials.secret_access_key:
             text = text.replace(self._credentials.secret_access_key, "***")
-        return TierError(text)
+        return kind(text)
 
     def call(self, op: str, key: str | None = None, **kwargs: Any) -> Any:
         """``client.<op>(Bucket=..., Key=key, **kwargs)``; any failure as a TierError."""

@@ -28,6 +28,11 @@ class TierError(RuntimeError):
     """A tier operation failed (unreachable endpoint, denied, out of space); the message names the tier."""
 
 
+class TierConfigurationError(TierError):
+    """The tier refused a request for good (credentials rejected, access denied, no such bucket): no
+    retry helps until its configuration is fixed, which the message names."""
+
+
 @dataclass
 class TransferResult:
     """What a put or fetch did."""

@@ -26,17 +26,13 @@ from typing import Any
 from ckptflow.catalog import Catalog, LeaseKey, ReplicaState
 from ckptflow.storage.manifest import MANIFEST_NAME, Manifest
 from ckptflow.storage.posix_tier import PosixTier
-from ckptflow.storage.tier import Progress, Tier, TierError
+from ckptflow.storage.tier import Progress, Tier, TierConfigurationError, TierError
 from ckptflow.storage.verify import FileProblem
 from ckptflow.tasks.leases import LeaseHeld, hold, hold_all_or_raise
 from ckptflow.tasks.manifest_check import bytes_mismatch
 
 # What a failed read raises: none of it says anything about the bytes.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError, TierError)
-
-# What storage.s3_client says for a request that is refused for good (its TierError messages):
-# a configuration error, never "retry later".
-CONFIGURATION_FAULTS = ("the credentials were rejected", "access denied by", "does not exist at")
 
 OK, CORRUPT, RETRY_LATER = "ok", "corrupt", "retry later"
 REPAIRED, REPAIR_FAILED, ERROR = "repaired", "repair failed", "error"
@@ -88,8 +84,9 @@ def verdict_of(problems: list[FileProblem]) -> str:
 
 
 def check_replica(tier: Tier, target: ScrubTarget, progress: Progress | None = None) -> Check:
-    """Verify ``target`` on ``tier`` and that its manifest is the catalog's; never raises for a read
-    that failed (``retry later``)."""
+    """Verify ``target`` on ``tier`` and that its manifest is the catalog's; a read that failed is
+    ``retry later``, except a request the tier refused for good (TierConfigurationError: wrong
+    credentials, access denied, no such bucket), which is raised."""
     uri = tier.uri(target.run, target.step)
     try:
         report = tier.verify(target.run, target.step, progress)
@@ -101,7 +98,7 @@ def check_replica(tier: Tier, target: ScrubTarget, progress: Progress | None = N
             if mismatch is not None:
                 return Check(CORRUPT, report.uri, [mismatch])
     except TRANSIENT_ERRORS as exc:
-        if any(fault in str(exc) for fault in CONFIGURATION_FAULTS):
+        if isinstance(exc, TierConfigurationError):
             raise  # no retry fixes wrong credentials or a missing bucket: the run fails, naming it
         return Check(RETRY_LATER, uri, [f"unreadable now ({type(exc).__name__}: {exc})"])
     nbytes = report.manifest.total_bytes if report.manifest is not None else 0
