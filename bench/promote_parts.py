@@ -278,7 +278,15 @@ def durable_copy(src: Path, names: list[str], target: Path) -> float:
     return time.perf_counter() - start
 
 
-def create_part_runs(stack: NodeStack, configs: list[Path]) -> list[Any]:
+def part_parameters(stack: NodeStack, configs: list[Path]) -> list[dict[str, Any]]:
+    """Each node's ``promote-part`` parameters: the step, the node's own config, its host."""
+    return [
+        {"run": RUN, "step": STEP, "config_path": str(configs[k]), "node": host}
+        for k, host in enumerate(stack.hosts)
+    ]
+
+
+def create_part_runs(parameters: list[dict[str, Any]]) -> list[Any]:
     """One ``promote-part`` flow run per node, created up front (Pending) as the staged event's
     automation creates them in a deployment; each node's agent then only executes its own.
 
@@ -295,13 +303,9 @@ def create_part_runs(stack: NodeStack, configs: list[Path]) -> list[Any]:
     with get_client(sync_client=True) as client:
         return [
             client.create_flow_run(
-                promote_part,
-                parameters=promote_part.serialize_parameters(
-                    {"run": RUN, "step": STEP, "config_path": str(configs[k]), "node": host}
-                ),
-                state=Pending(),
+                promote_part, parameters=promote_part.serialize_parameters(p), state=Pending()
             )
-            for k, host in enumerate(stack.hosts)
+            for p in parameters
         ]
 
 
@@ -323,7 +327,8 @@ def promote_parts(
     # The catalog exists before the checkpoint is decided (training recorded it), as in a deployment.
     Catalog.open(f"sqlite:///{stack.directory / f'catalog-{label}.db'}").dispose()
     t0 = time.perf_counter()
-    flow_runs = create_part_runs(stack, configs)
+    parameters = part_parameters(stack, configs)
+    flow_runs = create_part_runs(parameters)
     created_s = time.perf_counter() - t0
 
     body: dict[str, tuple[float, float]] = {}
@@ -343,8 +348,7 @@ def promote_parts(
     def node(k: int) -> Callable[[], PartRun]:
         def go() -> PartRun:
             start = time.perf_counter()
-            parameters = {"run": RUN, "step": STEP, "config_path": str(configs[k]), "node": stack.hosts[k]}
-            state = run_flow(flow, flow_run=flow_runs[k], parameters=parameters, return_type="state")
+            state = run_flow(flow, flow_run=flow_runs[k], parameters=parameters[k], return_type="state")
             end = time.perf_counter()
             row = state.result()  # type: ignore[union-attr]
             host = stack.hosts[k]
