@@ -52,6 +52,7 @@ from ckptflow.catalog.rows import (
     replace_files,
     set_replica,
 )
+from ckptflow.catalog.schema_cache import remember_schema, schema_known
 from ckptflow.catalog.transitions import transition_checkpoint
 from ckptflow.storage.event_schema import STAGED_EVENT
 from ckptflow.storage.manifest import finite_metrics
@@ -72,7 +73,10 @@ class Catalog:
 
     @classmethod
     def open(cls, url: str) -> Catalog:
-        """Open (and create the tables of) the catalog at ``url``; ``ValueError`` for a bad URL."""
+        """Open (and create the tables of) the catalog at ``url``; ``ValueError`` for a bad URL.
+
+        The tables are checked once per process and catalog (:mod:`ckptflow.catalog.schema_cache`).
+        """
         catalog = cls(normalize_url(url))
         catalog._create_tables()
         return catalog
@@ -88,6 +92,8 @@ class Catalog:
         return get_engine(self.url)
 
     def _create_tables(self) -> None:
+        if schema_known(self.url):
+            return
         engine = self._engine
         with engine.write.begin() as conn:
             if engine.dialect == "postgresql":
@@ -95,6 +101,7 @@ class Catalog:
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
             SQLModel.metadata.create_all(conn, tables=TABLES)
             _add_missing_columns(conn)
+        remember_schema(self.url)
 
     @contextmanager
     def write_session(self) -> Iterator[Session]:
@@ -441,6 +448,17 @@ class Catalog:
             stmt = select(Checkpoint).order_by(col(Checkpoint.step).desc(), col(Checkpoint.id).desc())
             if run is not None:
                 stmt = stmt.where(Checkpoint.run == run)
+            return list(session.exec(stmt))
+
+    def attempts_at(self, run: str, step: int) -> list[Checkpoint]:
+        """The save attempts of ``run`` at ``step``, newest first (one indexed lookup, where
+        :meth:`checkpoints` reads every attempt of the run)."""
+        with self.read_session() as session:
+            stmt = (
+                select(Checkpoint)
+                .where(Checkpoint.run == run, Checkpoint.step == step)
+                .order_by(col(Checkpoint.id).desc())
+            )
             return list(session.exec(stmt))
 
     def replicas(self, checkpoint_id: int) -> list[Replica]:

@@ -6,6 +6,7 @@ Tests taking ``catalog`` run on SQLite and, with CKPTFLOW_TEST_POSTGRES_URL set,
 from __future__ import annotations
 
 import pickle
+import shutil
 from datetime import UTC
 
 import pytest
@@ -352,13 +353,16 @@ def test_a_catalog_from_before_the_tags_column_is_upgraded_in_place(tmp_path):
 
     from ckptflow.catalog import Catalog
 
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    Catalog.open(url).dispose()
-    engine = create_engine(url)
+    built = f"sqlite:///{tmp_path / 'built.db'}"
+    Catalog.open(built).dispose()
+    engine = create_engine(built)
     with engine.begin() as conn:  # the table as an older ckptflow created it
         conn.execute(text("ALTER TABLE ckptflow_checkpoint DROP COLUMN tags"))
     assert "tags" not in {c["name"] for c in inspect(engine).get_columns("ckptflow_checkpoint")}
     engine.dispose()
+    # That file, as this process first meets it (a new file: its schema was never checked here).
+    shutil.copyfile(tmp_path / "built.db", tmp_path / "old.db")
+    url = f"sqlite:///{tmp_path / 'old.db'}"
 
     catalog = Catalog.open(url)
     try:
@@ -366,3 +370,12 @@ def test_a_catalog_from_before_the_tags_column_is_upgraded_in_place(tmp_path):
         assert [c.step for c in catalog.checkpoints("old")] == [5]
     finally:
         catalog.dispose()
+
+
+def test_attempts_at_one_step_newest_first_and_none_elsewhere(catalog):
+    catalog.record_writing("r", 3, "first", world_size=1)
+    catalog.record_writing("r", 5, "other-step", world_size=1)
+    catalog.record_writing("r", 3, "second", world_size=1)
+    catalog.record_writing("another", 3, "other-run", world_size=1)
+    assert [cp.save_id for cp in catalog.attempts_at("r", 3)] == ["second", "first"]
+    assert catalog.attempts_at("r", 4) == []
