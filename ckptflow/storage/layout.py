@@ -93,8 +93,9 @@ def committed_steps(root: str | os.PathLike[str]) -> list[int]:
 
 
 @contextmanager
-def writer_lock(partial_dir: Path, rank: int) -> Iterator[None]:
-    """Hold an exclusive flock on this rank's lock file while it writes into ``partial_dir``.
+def writer_lock(partial_dir: Path, rank: int | str) -> Iterator[None]:
+    """Hold an exclusive flock on this writer's lock file (named by its rank, or a batch's own
+    name) while it writes into ``partial_dir``.
 
     The kernel drops the lock when the process dies (SIGKILL included), so a partial directory with
     no held lock belongs to nobody alive and may be removed.

@@ -132,8 +132,8 @@ class PosixTier:
     ) -> TransferResult:
         """Copy some of a checkpoint's files (all if ``paths`` is None) into its incoming directory.
 
-        Several batches may run at once (each passes its own ``batch`` number); nothing is visible
-        to readers until :meth:`commit`.
+        Several batches may run at once, from several nodes (each passes its own ``batch`` number,
+        which only names its lock file); nothing is visible to readers until :meth:`commit`.
         """
         start = time.perf_counter()
         final = self.path(manifest.run, manifest.step)
@@ -147,7 +147,10 @@ class PosixTier:
         incoming = self._incoming(manifest)
         try:
             incoming.mkdir(parents=True, exist_ok=True)
-            with layout.writer_lock(incoming, batch):
+            # A lock file of this writer's own: every node of a job copies its part into this
+            # directory at once, numbering its batches from 0, and a lock named by the batch alone
+            # would make each node's batch wait for the other's.
+            with layout.writer_lock(incoming, f"{batch}-{os.getpid()}-{secrets.token_hex(4)}"):
                 copied, skipped = self._copy_entries(source, incoming, entries, progress)
         except ChecksumMismatch as exc:
             raise TierError(f"{self.name}: source file does not match its manifest: {exc}") from exc

@@ -219,6 +219,30 @@ def test_concurrent_batches_then_commit(tier: Tier, source: tuple[Path, Manifest
     assert report.bytes_checked == manifest.total_bytes
 
 
+def test_two_nodes_copying_their_parts_with_the_same_batch_numbers_never_wait_on_each_other(
+    tier: Tier, source: tuple[Path, Manifest]
+) -> None:
+    # Each node's promote-part numbers its batches from 0. Node A is held inside its batch 0 (its
+    # progress callback blocks after its first chunk); node B's batch 0 must still copy its files.
+    directory, manifest = source
+    inside, release = threading.Event(), threading.Event()
+
+    def held_a(_n: int) -> None:
+        inside.set()
+        release.wait(30)
+
+    with ThreadPoolExecutor(2) as pool:
+        node_a = pool.submit(tier.put_files, directory, manifest, [BIG_FILE], held_a, 0)
+        try:
+            assert inside.wait(30), "node A's copy never started"
+            node_b = pool.submit(tier.put_files, directory, manifest, ["__1_0.distcp"], None, 0)
+            assert node_b.result(timeout=20).files == 1, "node B's batch 0 waited for node A's"
+        finally:
+            release.set()
+        assert node_a.result(timeout=30).files == 1
+    assert sorted(tier.missing_files(manifest)) == [".metadata", "sub/empty.bin"]
+
+
 def test_put_is_idempotent_and_never_overwrites_a_committed_checkpoint(
     backend: Backend, source: tuple[Path, Manifest], tmp_path: Path
 ) -> None:
