@@ -27,6 +27,7 @@ from ckptflow.storage.manifest import (
     read_manifest,
     safe_relative_path,
 )
+from ckptflow.storage.present import split_by_presence
 from ckptflow.storage.publishing import committed_same, seal_and_publish, source_manifest
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.tier import Progress, TierError, TierVerifyReport, TransferResult
@@ -206,16 +207,8 @@ class PosixTier:
 
     def missing_files(self, manifest: Manifest) -> list[str]:
         """The files of ``manifest`` not yet complete in its incoming directory (size checked)."""
-        incoming = self._incoming(manifest)
-        absent = []
-        for entry in manifest.files:
-            try:
-                if (incoming / entry.path).stat().st_size == entry.size:
-                    continue
-            except FileNotFoundError:
-                pass
-            absent.append(entry.path)
-        return absent
+        _, absent = split_by_presence(self._incoming(manifest), manifest.files)
+        return [e.path for e in absent]
 
     def put(self, source: Path, manifest: Manifest, progress: Progress | None = None) -> TransferResult:
         copied = self.put_files(source, manifest, None, progress)

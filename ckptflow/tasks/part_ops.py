@@ -17,6 +17,7 @@ from pathlib import Path
 from ckptflow.policy.config import CkptflowConfig
 from ckptflow.storage.manifest import FileEntry, Manifest, ManifestError, read_manifest
 from ckptflow.storage.posix_tier import PosixTier
+from ckptflow.storage.present import split_by_presence
 from ckptflow.storage.tier import Tier
 
 
@@ -59,13 +60,7 @@ def node_holding(hot: PosixTier, run: str, step: int) -> NodeHolding:
         manifest = read_manifest(directory)
     except ManifestError as exc:
         raise NotOnThisNode(f"{directory}: {exc}") from None
-    held = []
-    for entry in manifest.files:
-        try:
-            if (directory / entry.path).stat().st_size == entry.size:
-                held.append(entry)
-        except FileNotFoundError:
-            continue
+    held, _ = split_by_presence(directory, manifest.files)
     return NodeHolding(directory, manifest, held)
 
 
