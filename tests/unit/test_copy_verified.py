@@ -1,0 +1,78 @@
+"""copy_verified: the copy's own bytes are checked against the manifest entry, on both paths (the
+kernel's sendfile + a mapped CRC, and the buffered fallback for filesystems without them)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from ckptflow.storage import checksums, copy
+from ckptflow.storage.copy import CRC_STEP, ChecksumMismatch, copy_verified
+from ckptflow.storage.manifest import FileEntry
+
+
+def _source(tmp_path: Path, size: int) -> tuple[Path, FileEntry]:
+    data = os.urandom(size)
+    src = tmp_path / "src.distcp"
+    src.write_bytes(data)
+    return src, FileEntry("src.distcp", size, checksums.checksum_bytes(data), rank=0)
+
+
+@pytest.fixture(params=["kernel", "buffered"])
+def path_taken(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "buffered":  # a filesystem pair sendfile cannot copy between
+
+        def refuse(*_args: object) -> int:
+            raise OSError(errno.EINVAL, "sendfile not supported here")
+
+        monkeypatch.setattr(copy.os, "sendfile", refuse)
+    return request.param
+
+
+@pytest.mark.parametrize("size", [0, 1, CRC_STEP - 1, CRC_STEP + 12_345, 3 * CRC_STEP])
+def test_a_good_source_is_copied_byte_identical_with_progress_for_every_byte(
+    tmp_path: Path, path_taken: str, size: int
+) -> None:
+    src, entry = _source(tmp_path, size)
+    seen: list[int] = []
+    dst = tmp_path / "out" / "dst.distcp"
+    assert copy_verified(src, dst, entry, seen.append) == size
+    assert dst.read_bytes() == src.read_bytes()
+    assert sum(seen) == size
+
+
+def test_a_flipped_bit_in_the_source_is_refused_and_no_copy_is_left(tmp_path: Path, path_taken: str) -> None:
+    src, entry = _source(tmp_path, CRC_STEP + 100)
+    data = bytearray(src.read_bytes())
+    data[CRC_STEP + 7] ^= 0x04  # a real bit flip, in the second CRC step
+    src.write_bytes(bytes(data))
+    dst = tmp_path / "dst.distcp"
+    with pytest.raises(ChecksumMismatch, match="crc64nvme .* manifest says"):
+        copy_verified(src, dst, entry)
+    assert not dst.exists()
+
+
+def test_a_source_of_the_wrong_size_is_refused_naming_both_sizes(tmp_path: Path, path_taken: str) -> None:
+    src, entry = _source(tmp_path, 4096)
+    with src.open("ab") as f:
+        f.write(b"x")
+    dst = tmp_path / "dst.distcp"
+    with pytest.raises(ChecksumMismatch, match="4097 bytes, manifest says 4096"):
+        copy_verified(src, dst, entry)
+    assert not dst.exists()
+
+
+def test_an_unmappable_copy_is_checked_through_the_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_mmap(*_args: object, **_kwargs: object) -> object:
+        raise OSError(errno.ENODEV, "this filesystem cannot map files")
+
+    monkeypatch.setattr(copy.mmap, "mmap", no_mmap)
+    src, entry = _source(tmp_path, 2 * CRC_STEP + 5)
+    dst = tmp_path / "dst.distcp"
+    assert copy_verified(src, dst, entry) == entry.size
+    assert dst.read_bytes() == src.read_bytes()
