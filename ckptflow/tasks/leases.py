@@ -41,6 +41,11 @@ from ckptflow.catalog import Catalog, LeaseGrant, LeaseKey, LeaseRefusal
 
 log = logging.getLogger("ckptflow.leases")
 
+# hold(wait_s=...): the first retry of a refused lease after 50 ms, each next one twice as late, at
+# most a second apart.
+WAIT_FIRST_POLL_S = 0.05
+WAIT_MAX_POLL_S = 1.0
+
 
 class LeaseHeld(RuntimeError):
     """Another writer holds the lease; the message names it and until when."""
@@ -175,8 +180,12 @@ def hold(
     try:
         _acquire_all(held, wanted, purpose, holder, work_uri, force)
         deadline = time.monotonic() + wait_s
+        pause = WAIT_FIRST_POLL_S
         while held.refused and time.monotonic() < deadline:
-            time.sleep(min(1.0, ttl_s / 8, max(0.05, deadline - time.monotonic())))
+            # Short at first: the usual holder is about to finish (the other node publishing the
+            # same step, a few catalog writes); then backing off to one catalog read a second.
+            time.sleep(min(pause, ttl_s / 8, max(0.01, deadline - time.monotonic())))
+            pause = min(2 * pause, WAIT_MAX_POLL_S)
             _acquire_all(held, list(held.refused), purpose, holder, work_uri, force)
         if held.granted:
             thread = threading.Thread(
