@@ -102,14 +102,14 @@ def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
             "bytes": 0,
             "reason": skip.reason,
         }
-    states = replica_states(config_path, checkpoint_id)
-    for tier in colder:
-        if states.get(tier) == "deleted":  # retention removed it: copying it back would undo retention
-            by_tier[tier] = {"tier": tier, "action": "deleted by retention", "files": 0, "bytes": 0}
-    wanted = [LeaseKey(run, step, t) for t in colder if t not in by_tier]
     rows: list[dict[str, Any]] = []
     catalog = Catalog.open(config.catalog)
     try:
+        states = replica_states(catalog, checkpoint_id)
+        for tier in colder:
+            if states.get(tier) == "deleted":  # retention removed it: copying it back would undo retention
+                by_tier[tier] = {"tier": tier, "action": "deleted by retention", "files": 0, "bytes": 0}
+        wanted = [LeaseKey(run, step, t) for t in colder if t not in by_tier]
         # One writer per colder replica: a second promotion of the step (an event redelivered, a
         # reconcile) skips a tier another promotion holds, and never re-reads warm for nothing.
         with hold(catalog, wanted, "promote", config.promote.lease_ttl_s) as held:

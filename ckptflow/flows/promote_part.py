@@ -18,6 +18,8 @@ a caller can tell this run's orchestration cost (its wall time minus ``data_s``)
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -25,21 +27,23 @@ from prefect import flow, get_run_logger
 from ckptflow.catalog import Catalog, LeaseKey
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.runners import batch_count, submit, task_runner_for
+from ckptflow.policy.config import CkptflowConfig
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.tier import Tier, TierError
-from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica, replica_states
+from ckptflow.tasks.catalog_tasks import checkpoint_id_of, move_replica, replica_states
 from ckptflow.tasks.data_time import DataTime
 from ckptflow.tasks.leases import hold
 from ckptflow.tasks.part_ops import (
     NodeHolding,
     NotOnThisNode,
+    PartPlan,
     first_colder_tier,
     node_holding,
     paths_by_part,
     plan_part,
     this_host,
 )
-from ckptflow.tasks.part_tasks import announce_published, holding_summary, record_holding
+from ckptflow.tasks.part_tasks import announce_published, holding_summary, record_node_parts
 from ckptflow.tasks.replica_tasks import commit_replica, copy_batch
 from ckptflow.tasks.tiers import batches_of, load
 
@@ -57,7 +61,6 @@ def promote_part(run: str, step: int, config_path: str, node: str | None = None)
     check_run_name(run, "promote-part: parameter 'run'")  # first: the run comes from an event payload
     logger = get_run_logger()
     started = time.perf_counter()
-    data = DataTime()
     config_path = pinned_path(config_path, "config_path")
     host = node or this_host()
     config, tiers = load(config_path)
@@ -72,151 +75,142 @@ def promote_part(run: str, step: int, config_path: str, node: str | None = None)
     except NotOnThisNode as exc:
         logger.warning("nothing of %s step %d on node %s: %s", run, step, host, exc)
         return {**row, "action": "nothing on this node", "seconds": round(time.perf_counter() - started, 3)}
-    checkpoint_id = ensure_checkpoint_row.fn(config_path, run, step)
-    if replica_states(config_path, checkpoint_id).get(target) == "deleted":
-        # Retention removed this tier's copy while hot still holds it: copying it back would undo
-        # retention (and the replica cannot become ready again: deleted is final).
-        logger.info(
-            "%s step %d: its %s replica was deleted by retention; not copied again", run, step, target
-        )
-        return {**row, "action": "deleted by retention", "seconds": round(time.perf_counter() - started, 3)}
-    ttl_s = config.promote.lease_ttl_s
+    # One catalog session for the whole run: every write below reuses its connection.
     catalog = Catalog.open(config.catalog)
     try:
-        plan = plan_part(holding, tier)
-        by_part = paths_by_part(holding.manifest, plan.to_copy)
+        hot_run_dir = tiers["hot"].run_dir(run)  # type: ignore[attr-defined]
+        job = _PartJob(config_path, config, tier, catalog, holding, hot_run_dir, row, started)
+        return job.promote()
+    finally:
+        catalog.dispose()
+
+
+@dataclass
+class _PartJob:
+    """One run of ``promote-part``: the node's holding of (run, step) and where it goes."""
+
+    config_path: str
+    config: CkptflowConfig
+    tier: Tier
+    catalog: Catalog
+    holding: NodeHolding
+    hot_run_dir: Path  # this node's hot root's directory of the run
+    row: dict[str, Any]
+    started: float
+    data: DataTime = field(default_factory=DataTime)
+    checkpoint_id: int = 0  # the catalog's id of (run, step), found first thing in promote()
+
+    def _done(self, action: str, **extra: Any) -> dict[str, Any]:
+        return {
+            **self.row,
+            **extra,
+            "action": action,
+            "seconds": round(time.perf_counter() - self.started, 3),
+        }
+
+    def promote(self) -> dict[str, Any]:
+        logger = get_run_logger()
+        run, step, target, host = self.row["run"], self.row["step"], self.row["tier"], self.row["node"]
+        self.checkpoint_id = checkpoint_id_of(self.catalog, self.hot_run_dir, run, step)
+        if replica_states(self.catalog, self.checkpoint_id).get(target) == "deleted":
+            # Retention removed this tier's copy while hot still holds it: copying it back would undo
+            # retention (and the replica cannot become ready again: deleted is final).
+            logger.info(
+                "%s step %d: its %s replica was deleted by retention; not copied again", run, step, target
+            )
+            return self._done("deleted by retention")
+        plan = plan_part(self.holding, self.tier)
+        by_part = paths_by_part(self.holding.manifest, plan.to_copy)
         keys = {part: LeaseKey(run, step, target, part) for part in by_part}
+        ttl_s = self.config.promote.lease_ttl_s
         # One copier per part: another node (a replacement holding a fetched-back part) or a second
         # run of this flow copying the same part into the same partial directory is skipped.
-        with hold(catalog, keys.values(), "promote-part", ttl_s, work_uri=tier.uri(run, step)) as held:
+        with hold(
+            self.catalog, keys.values(), "promote-part", ttl_s, work_uri=self.tier.uri(run, step)
+        ) as held:
             holders = sorted({r.holder for r in held.refused.values()})
             if holders and not any(held.holds(k) for k in keys.values()):
                 logger.info("%s step %d: every part this node holds is being copied elsewhere", run, step)
-                return {
-                    **row,
-                    "action": "in progress elsewhere",
-                    "holders": holders,
-                    "detail": held.describe_refused(),
-                    "seconds": round(time.perf_counter() - started, 3),
-                }
+                return self._done("in progress elsewhere", holders=holders, detail=held.describe_refused())
             mine = [p for part, paths in by_part.items() if held.holds(keys[part]) for p in paths]
-            copied = _copy_part(config_path, run, step, host, target, holding, mine, checkpoint_id, data)
+            copied = self._copy(mine)
             held.check()  # still ours: no other copier wrote these parts meanwhile
-    finally:
-        catalog.dispose()
-    parts = record_holding.fn(config_path, run, step, host, holding)
-    row.update(
-        files=sum(c["files"] for c in copied),
-        bytes=sum(c["bytes"] for c in copied),
-        parts_held=parts,
-        **({"holders": holders} if holders else {}),
-        **{f"held_{k}": v for k, v in holding_summary(holding).items()},
-    )
-    waiting = tier.missing_files(holding.manifest)
-    if waiting:
-        return {**_waiting(config_path, row, holding, tier, checkpoint_id, started), **data.as_row()}
-    return _publish(config_path, row, ttl_s, checkpoint_id, started, data)
+        parts = record_node_parts(self.catalog, run, step, host, self.holding)
+        self.row.update(
+            files=sum(c["files"] for c in copied),
+            bytes=sum(c["bytes"] for c in copied),
+            parts_held=parts,
+            **({"holders": holders} if holders else {}),
+            **{f"held_{k}": v for k, v in holding_summary(self.holding).items()},
+        )
+        lacking = self.tier.missing_files(self.holding.manifest)
+        if lacking:
+            return {**self._waiting(lacking), **self.data.as_row()}
+        return self._publish()
 
+    def _copy(self, paths: list[str]) -> list[dict[str, Any]]:
+        """Copy this node's files ``paths`` to the tier, each byte checked against the manifest's
+        CRC in the same read (a file that does not match is never left on the tier): no separate
+        re-hash pass reads the part a second time."""
+        run, step, target, host = self.row["run"], self.row["step"], self.row["tier"], self.row["node"]
+        batches = batches_of(self.holding.manifest, paths, batch_count(self.config))
+        move_replica(self.catalog, self.checkpoint_id, target, "copying", uri=self.tier.uri(run, step))
+        with task_runner_for(self.config, threads=PART_THREADS) as runner:
+            futures = [
+                submit(runner, copy_batch, self.config_path, run, step, target, b, i)
+                for i, b in enumerate(batches)
+            ]
+            copied, failed = [], []
+            for future in futures:  # every batch ends before the error: none is left writing
+                try:
+                    copied.append(future.result())
+                except TierError as exc:
+                    failed.append(exc)
+        if failed:
+            raise PartPromotionError(
+                f"node {host}: its part of {run} step {step} could not be copied to {target}: {failed[0]}"
+                + (f" (and {len(failed) - 1} more failed batches)" if len(failed) > 1 else "")
+            ) from failed[0]
+        self.data.add_parallel("copy", (c["seconds"] for c in copied))
+        return copied
 
-def _copy_part(
-    config_path: str,
-    run: str,
-    step: int,
-    host: str,
-    target: str,
-    holding: NodeHolding,
-    paths: list[str],
-    checkpoint_id: int,
-    data: DataTime,
-) -> list[dict[str, Any]]:
-    """Copy this node's files ``paths`` to ``target``, each byte checked against the manifest's CRC
-    in the same read (a file that does not match is never left on ``target``): no separate re-hash
-    pass reads the part a second time."""
-    config, tiers = load(config_path)
-    tier = tiers[target]
-    batches = batches_of(holding.manifest, paths, batch_count(config))
-    record_replica.fn(config_path, checkpoint_id, target, "copying", uri=tier.uri(run, step))
-    with task_runner_for(config, threads=PART_THREADS) as runner:
-        futures = [
-            submit(runner, copy_batch, config_path, run, step, target, b, i) for i, b in enumerate(batches)
-        ]
-        copied, failed = [], []
-        for future in futures:  # every batch ends before the error: none is left writing
-            try:
-                copied.append(future.result())
-            except TierError as exc:
-                failed.append(exc)
-    if failed:
-        raise PartPromotionError(
-            f"node {host}: its part of {run} step {step} could not be copied to {target}: {failed[0]}"
-            + (f" (and {len(failed) - 1} more failed batches)" if len(failed) > 1 else "")
-        ) from failed[0]
-    data.add_parallel("copy", (c["seconds"] for c in copied))
-    return copied
+    def _waiting(self, lacking: list[str]) -> dict[str, Any]:
+        """The tier still lacks ``lacking``, other nodes' parts (or parts another copier holds):
+        say whose."""
+        run, step, target, host = self.row["run"], self.row["step"], self.row["tier"], self.row["node"]
+        who = PartPlan(to_copy=[], waiting_for=lacking).waiting_nodes(self.holding.manifest)
+        reason = f"waiting for the parts of {', '.join(who)}"
+        uri = self.tier.uri(run, step)
+        move_replica(self.catalog, self.checkpoint_id, target, "copying", uri=uri, reason=reason)
+        get_run_logger().info(
+            "%s step %d: node %s copied its part to %s; %s", run, step, host, target, reason
+        )
+        return self._done("part copied", waiting_for=who)
 
-
-def _waiting(
-    config_path: str,
-    row: dict[str, Any],
-    holding: NodeHolding,
-    tier: Tier,
-    checkpoint_id: int,
-    started: float,
-) -> dict[str, Any]:
-    """The tier still lacks other nodes' parts (or parts another copier holds): say whose."""
-    run, step, target, host = row["run"], row["step"], row["tier"], row["node"]
-    who = plan_part(holding, tier).waiting_nodes(holding.manifest)
-    reason = f"waiting for the parts of {', '.join(who)}"
-    record_replica.fn(config_path, checkpoint_id, target, "copying", uri=tier.uri(run, step), reason=reason)
-    get_run_logger().info("%s step %d: node %s copied its part to %s; %s", run, step, host, target, reason)
-    return {
-        **row,
-        "action": "part copied",
-        "waiting_for": who,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
-
-
-def _publish(
-    config_path: str, row: dict[str, Any], ttl_s: float, checkpoint_id: int, started: float, data: DataTime
-) -> dict[str, Any]:
-    """Every file arrived: publish the tier's copy (manifest last) under the replica's lease, which
-    the last two nodes to finish may both want: the second waits a bounded time (``2 * ttl_s``: a
-    publisher that died loses its lease within one) and finds the step published, or publishes it."""
-    run, step, target, host = row["run"], row["step"], row["tier"], row["node"]
-    logger = get_run_logger()
-    config, tiers = load(config_path)
-    catalog = Catalog.open(config.catalog)
-    try:
+    def _publish(self) -> dict[str, Any]:
+        """Every file arrived: publish the tier's copy (manifest last) under the replica's lease,
+        which the last two nodes to finish may both want: the second waits a bounded time
+        (``2 * ttl_s``: a publisher that died loses its lease within one) and finds the step
+        published, or publishes it."""
+        run, step, target, host = self.row["run"], self.row["step"], self.row["tier"], self.row["node"]
+        logger = get_run_logger()
+        ttl_s = self.config.promote.lease_ttl_s
         key = LeaseKey(run, step, target)
         with hold(
-            catalog, [key], "publish", ttl_s, wait_s=2 * ttl_s, work_uri=tiers[target].uri(run, step)
+            self.catalog, [key], "publish", ttl_s, wait_s=2 * ttl_s, work_uri=self.tier.uri(run, step)
         ) as held:
-            seconds = round(time.perf_counter() - started, 3)
             if not held.holds(key):
                 logger.warning(
                     "%s step %d: not published by node %s: %s", run, step, host, held.describe_refused()
                 )
-                return {
-                    **row,
-                    **data.as_row(),
-                    "action": "publish in progress elsewhere",
-                    "detail": held.describe_refused(),
-                    "seconds": seconds,
-                }
-            if tiers[target].read_manifest(run, step) is not None:
-                return {**row, **data.as_row(), "action": "already published", "seconds": seconds}
+                return self._done(
+                    "publish in progress elsewhere", **self.data.as_row(), detail=held.describe_refused()
+                )
+            if self.tier.read_manifest(run, step) is not None:
+                return self._done("already published", **self.data.as_row())
             held.check()
-            with data.measure("commit"):
-                uri = commit_replica.fn(config_path, run, step, target)
-    finally:
-        catalog.dispose()
-    announce_published(run, step, target, host)
-    logger.info("%s step %d: node %s completed and published it on %s (%s)", run, step, host, target, uri)
-    return {
-        **row,
-        **data.as_row(),
-        "action": "published",
-        "uri": uri,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+            with self.data.measure("commit"):
+                uri = commit_replica.fn(self.config_path, run, step, target)
+        announce_published(run, step, target, host)
+        logger.info("%s step %d: node %s completed and published it on %s (%s)", run, step, host, target, uri)
+        return self._done("published", **self.data.as_row(), uri=uri)

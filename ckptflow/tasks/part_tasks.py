@@ -11,13 +11,10 @@ from prefect.cache_policies import NO_CACHE
 from ckptflow.catalog import Catalog, ReplicaState
 from ckptflow.storage.event_schema import PUBLISHED_EVENT, STAGED_EVENT, checkpoint_resource, node_resources
 from ckptflow.tasks.part_ops import NodeHolding
-from ckptflow.tasks.tiers import load
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def record_holding(config_path: str, run: str, step: int, host: str, holding: NodeHolding) -> list[int]:
+def record_node_parts(catalog: Catalog, run: str, step: int, host: str, holding: NodeHolding) -> list[int]:
     """Record in the catalog which parts of (run, step) this node holds whole; return their indexes."""
-    config, _ = load(config_path)
     manifest = holding.manifest
     held = holding.held_paths
     parts = [
@@ -27,16 +24,12 @@ def record_holding(config_path: str, run: str, step: int, host: str, holding: No
     ]
     if not manifest.nodes and len(held) == len(manifest.files):
         parts = [0]  # a format-1 (single-node) checkpoint: one part, this node's
-    catalog = Catalog.open(config.catalog)
-    try:
-        catalog.record_parts(
-            run,
-            step,
-            [(k, host, str(holding.directory), manifest.part_bytes(k)) for k in parts],
-            ReplicaState.READY,
-        )
-    finally:
-        catalog.dispose()
+    catalog.record_parts(
+        run,
+        step,
+        [(k, host, str(holding.directory), manifest.part_bytes(k)) for k in parts],
+        ReplicaState.READY,
+    )
     return parts
 
 
