@@ -125,6 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Serve the ckptflow deployments (blocks).")
     ap.add_argument("--config", required=True, help="path to ckptflow.yaml")
     ap.add_argument("--reconcile-interval-s", type=int, default=300)
+    ap.add_argument(
+        "--poll-interval-s",
+        type=float,
+        default=5.0,
+        help="how often this server asks Prefect for its runs (Prefect's default is 10 s: a promote "
+        "an event triggered then starts up to 10 s after its run is created)",
+    )
     args = ap.parse_args(argv)
     config = Path(args.config).resolve()
     # Every served run is a child of this process: its environment pins where runs may read files.
@@ -134,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--config {config} is outside {CONFIG_DIR_ENV}={pinned}, the only directory the served "
             f"deployments' runs may read files from; move the config there or unset {CONFIG_DIR_ENV}"
         )
-    serve(*deployments(str(config), args.reconcile_interval_s), limit=8)
+    serve(*deployments(str(config), args.reconcile_interval_s), limit=8, query_seconds=args.poll_interval_s)
     return 0
 
 

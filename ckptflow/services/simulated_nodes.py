@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from ckptflow.services.stack import LOCAL_POLL_INTERVAL_S
+
 
 @cache
 def unshare_prefix() -> list[str] | None:
@@ -125,6 +127,7 @@ class Node:
         """Start ``ckptflow agent`` for this node inside it (its own hot root, its host name), with
         ``extra`` agent options (say ``--peer-bind``); ``env`` as for :meth:`spawn`."""
         argv = [sys.executable, "-m", "ckptflow.agent", "--config", str(config), "--node", self.host]
+        argv += ["--poll-interval-s", str(LOCAL_POLL_INTERVAL_S)]  # one machine: Prefect is local
         return self.spawn([*argv, *(extra or [])], log, env)
 
     def namespace(self) -> str | None:

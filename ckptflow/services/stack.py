@@ -34,6 +34,9 @@ BUCKET = "ckptflow-cold"
 SERVE_STATE = "serve-state.json"
 AGENT_STATE = "agent-state.json"
 REPLICATION_SECRET = "replication-secret"
+# How often the local stack's deployment server and agents ask Prefect for runs (their default is
+# 5 s): the server is on this machine, so a triggered run need not wait seconds to start.
+LOCAL_POLL_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -146,6 +149,7 @@ def start_serving(
     """Start ``python -m ckptflow.flows.deployments`` (promote on event, schedules) in the background."""
     argv = ["ckptflow.flows.deployments", "--config", str(config_path)]
     argv += ["--reconcile-interval-s", str(reconcile_interval_s)]
+    argv += ["--poll-interval-s", str(LOCAL_POLL_INTERVAL_S)]
     return _start_background(directory, prefect, SERVE_STATE, "serve.log", argv)
 
 
@@ -153,6 +157,7 @@ def start_agent(directory: Path, prefect: PrefectServer, config_path: Path, node
     """Start this machine's node agent (``python -m ckptflow.agent``) in the background: the local
     stack is one node, whose hot root is ``<dir>/hot``."""
     argv = ["ckptflow.agent", "--config", str(config_path), "--node", node]
+    argv += ["--poll-interval-s", str(LOCAL_POLL_INTERVAL_S)]
     return _start_background(directory, prefect, AGENT_STATE, "agent.log", argv)
 
 
