@@ -23,9 +23,12 @@ under ``--dir`` (removed at the end, servers stopped by pid, even on failure):
    ``TransferConfig``. Same bytes, one pre-created bucket, a fresh prefix per attempt.
 3. The promotion to warm as the pipeline runs it (``bench/promote_parts.py``): the checkpoint split
    into ``--nodes`` nodes' parts, each node's own hot root; at the decision one ``promote-part``
-   flow run per node (real Prefect server) copies its part to warm, and warm is published once.
-   Overhead is measured inside each flow run: its wall time minus the seconds it spent in its
-   data-moving calls (which the flow returns, ``data_s``), ``overhead_frac`` = overhead / data time;
+   flow run per node (real Prefect server) is executed by that node's agent (a process per node)
+   and copies its part to warm, and warm is published once. Overhead is measured inside each flow
+   run: its wall time as Prefect records it minus the seconds it spent in its data-moving calls
+   (which the flow returns, ``data_s``), ``overhead_frac`` = overhead / data time
+   (``caller_overhead_frac``: the same with the agent's wall time, Prefect's start and finish
+   around the run included);
    ``warm_vs_durable_copy`` = its data throughput against a plain durable copy (copyfile + syncfs +
    fsync) of the same bytes in the same attempt; ``staged_to_warm_s`` = decision to warm published.
    Median and spread of ``--flow-repeats`` (5) attempts; then, with S3, the central ``promote``
@@ -36,8 +39,9 @@ with it, so its ratios are indicative only); a full run measures each part alone
 
 Absolute numbers are noisy on a shared 2-core machine; the ratios, measured side by side, are the
 result. The last line is machine-readable: ``warm_vs_copy=... cold_vs_boto3=...
-put_vs_durable_copy=... warm_vs_durable_copy=... overhead_frac=... staged_to_warm_s=...
-overhead_spread=MIN..MAX nodes=N part_task_runs=...`` (the first three only without ``--only-flow``).
+put_vs_durable_copy=... warm_vs_durable_copy=... overhead_frac=... caller_overhead_frac=...
+staged_to_warm_s=... overhead_spread=MIN..MAX nodes=N part_task_runs=...`` (the first three only
+without ``--only-flow``).
 """
 
 from __future__ import annotations
@@ -533,7 +537,10 @@ def main(argv: list[str] | None = None) -> int:
     parts = print_parts_report(
         attempts, tasks, central, manifest.total_bytes, len(manifest.files), parallel=not args.serial_nodes
     )
-    figures.update((k, parts[k]) for k in ("warm_vs_durable_copy", "overhead_frac", "staged_to_warm_s"))
+    figures.update(
+        (k, parts[k])
+        for k in ("warm_vs_durable_copy", "overhead_frac", "caller_overhead_frac", "staged_to_warm_s")
+    )
     print_verdicts(figures)
     n_tasks = sum(sum(c.values()) for c in tasks.values())
     line = {k: sig3(v) for k, v in figures.items()}
