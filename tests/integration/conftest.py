@@ -74,6 +74,26 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_stack.Stac
 
 
 @pytest.fixture(scope="session")
+def session_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_stack.Stack]:
+    """One whole local stack, served, for the session's modules whose flows leave nothing another
+    of them counts (drills under their own run names, the security refusals, the UI): one start-up
+    (~35 s on 2 cores) instead of one per module. Modules that count runs or events keep ``stack``."""
+    directory = tmp_path_factory.mktemp("sessionstack")
+    running = local_stack.up(directory, serve=True, reconcile_interval_s=3600)
+    try:
+        yield running
+    finally:
+        local_stack.down(directory)
+
+
+@pytest.fixture(scope="module")
+def shared_stack(session_stack: local_stack.Stack) -> Iterator[local_stack.Stack]:
+    """The session's stack, this module's flows reporting to its server."""
+    with session_stack.prefect.reporting():
+        yield session_stack
+
+
+@pytest.fixture(scope="session")
 def pipeline_bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One pipeline bench (SeaweedFS and a Prefect server, no served deployments) for the session's
     tests of flows that must not fight each other; each module enters ``pipeline_env.reporting``."""

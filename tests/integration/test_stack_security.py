@@ -24,6 +24,12 @@ from ckptflow.services import stack as local_stack
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
+@pytest.fixture(scope="module")
+def stack(shared_stack: local_stack.Stack) -> local_stack.Stack:
+    """The session's served stack: this module's flows leave nothing another module counts."""
+    return shared_stack
+
+
 def _attacker_files(directory: Path) -> dict[str, Path]:
     """A config whose catalog is a new SQLite file and a drill spec naming code to import: if a flow
     run reads them, the catalog file appears (or the module's marker file does)."""

@@ -20,7 +20,6 @@ import shutil
 import struct
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +62,8 @@ NO_API = "Can't connect to Server API"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_stack.Stack]:
-    directory = tmp_path_factory.mktemp("uistack")
-    try:
-        # up() returns once every deployment is registered on the server.
-        yield local_stack.up(directory, serve=True, reconcile_interval_s=3600)
-    finally:
-        local_stack.down(directory)
+def stack(shared_stack: local_stack.Stack) -> local_stack.Stack:
+    return shared_stack  # up() returned once every deployment was registered on the server
 
 
 @pytest.fixture(scope="module")
