@@ -10,7 +10,7 @@
 Three measurements, each on a synthetic checkpoint with a real manifest (CRC64NVME per file),
 under ``--dir`` (removed at the end, servers stopped by pid, even on failure):
 
-1. hot -> warm: ``PosixTier.put`` (parallel threads, CRC in the copy pass, every file made
+1. hot -> warm: ``PosixTier.put`` (parallel threads, each copy's CRC checked as it is made, every file made
    durable before the manifest is written last, atomic rename) against ``shutil.copyfile`` of
    every file, single thread, no fsync (the target's baseline). For context, the same copy made
    durable (``syncfs``, as PosixTier.put does) is timed too and printed as

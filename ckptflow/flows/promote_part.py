@@ -3,8 +3,8 @@
 Triggered by ``ckptflow.checkpoint.staged`` through the node's own deployment (the event names every
 node as a related resource; each agent's trigger matches its host: see :mod:`ckptflow.agent`). The
 node copies the files it holds that the first colder tier (warm) still lacks there in batches, each
-byte checked against the manifest's CRC in the same read (one pass over the part, not a re-hash and
-then a copy), records what it holds in the catalog, and when that
+copy's bytes checked against the manifest's CRC as it is made (one pass over the part, not a re-hash
+and then a copy: :mod:`ckptflow.storage.copy`), records what it holds in the catalog, and when that
 completed the tier's copy, publishes it (manifest last) and emits ``ckptflow.checkpoint.published``,
 which starts the central ``promote`` (verify warm, then cold from warm). A node that is not the last
 leaves the tier's replica COPYING with the nodes it is waiting for named; nothing incomplete is ever
@@ -149,9 +149,9 @@ class _PartJob:
         return self._publish()
 
     def _copy(self, paths: list[str]) -> list[dict[str, Any]]:
-        """Copy this node's files ``paths`` to the tier, each byte checked against the manifest's
-        CRC in the same read (a file that does not match is never left on the tier): no separate
-        re-hash pass reads the part a second time."""
+        """Copy this node's files ``paths`` to the tier, each copy's bytes checked against the
+        manifest's CRC as it is made (a file that does not match is never left on the tier): no
+        separate re-hash pass reads the part a second time."""
         run, step, target, host = self.row["run"], self.row["step"], self.row["tier"], self.row["node"]
         batches = batches_of(self.holding.manifest, paths, batch_count(self.config))
         move_replica(self.catalog, self.checkpoint_id, target, "copying", uri=self.tier.uri(run, step))

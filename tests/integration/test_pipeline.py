@@ -117,7 +117,7 @@ def test_staged_events_trigger_promotion_to_warm_and_cold(stack, tmp_path):
     assert all(isinstance(r.parameters["step"], int) for r in runs + part_runs)
 
     # Per batch, never per file, and no re-verification pass for tiers that held no copy yet: the
-    # node copies its part, each byte checked in the read that copies it (one batch with threads),
+    # node copies its part, each copy's bytes checked as it is made (one batch with threads),
     # and announces the warm copy; the pipeline verifies warm, then copies, commits and verifies cold.
     first_part = min(
         (r for r in part_runs if r.parameters["step"] == 20), key=lambda r: r.expected_start_time

@@ -1,6 +1,6 @@
-"""A node's part damaged on its NVMe after the commit (one real bit flipped): ``promote-part`` reads
-each byte once, checks it against the manifest's CRC in that same read, and fails naming the node
-and the file; the damaged file never reaches warm, warm is not published, the replica is not READY.
+"""A node's part damaged on its NVMe after the commit (one real bit flipped): ``promote-part`` copies
+each file once, checks the copy's bytes against the manifest's CRC as it is made, and fails naming
+the node and the file; the damaged file never reaches warm, warm is not published, the replica is not READY.
 Real Prefect server (the session's pipeline bench)."""
 
 from __future__ import annotations
