@@ -75,7 +75,8 @@ def promote_part(run: str, step: int, config_path: str, node: str | None = None)
     except NotOnThisNode as exc:
         logger.warning("nothing of %s step %d on node %s: %s", run, step, host, exc)
         return {**row, "action": "nothing on this node", "seconds": round(time.perf_counter() - started, 3)}
-    # One catalog session for the whole run: every write below reuses its connection.
+    # One catalog handle for the whole run: every transaction below reuses its engine and pooled
+    # connection (each step opened and disposed an engine of its own before).
     catalog = Catalog.open(config.catalog)
     try:
         hot_run_dir = tiers["hot"].run_dir(run)  # type: ignore[attr-defined]
