@@ -108,7 +108,10 @@ class PosixTier:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"ckptflow-{self.name}") as pool:
             copied = sum(pool.map(one, entries))
         if entries:
-            syncfs(target)  # every copied file durable in one call, before any commit can follow
+            # Every copied file durable in one call, before any commit can follow. Through the
+            # tier's root, not ``target``: another node's commit may already have published the
+            # incoming directory (renamed it) once this writer's last file arrived.
+            syncfs(self.root)
         return copied, skipped
 
     def _incoming(self, manifest: Manifest) -> Path:
