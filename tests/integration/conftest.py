@@ -75,9 +75,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_stack.Stac
 
 @pytest.fixture(scope="session")
 def session_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_stack.Stack]:
-    """One whole local stack, served, for the session's modules whose flows leave nothing another
-    of them counts (drills under their own run names, the security refusals, the UI): one start-up
-    (~35 s on 2 cores) instead of one per module. Modules that count runs or events keep ``stack``."""
+    """One whole local stack, served, for the modules that only read it or whose flows are refused
+    (the security refusals, the UI): one start-up (~35 s on 2 cores) instead of one per module.
+    Only modules that run next to each other use it (test_stack_security, test_ui_browser): a
+    served stack left running polls Prefect every second and slows every test after it."""
     directory = tmp_path_factory.mktemp("sessionstack")
     running = local_stack.up(directory, serve=True, reconcile_interval_s=3600)
     try:

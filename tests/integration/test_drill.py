@@ -34,12 +34,6 @@ HIDDEN = 64
 
 
 @pytest.fixture(scope="module")
-def stack(shared_stack: local_stack.Stack) -> local_stack.Stack:
-    """The session's served stack: this module's flows leave nothing another module counts."""
-    return shared_stack
-
-
-@pytest.fixture(scope="module")
 def tiny() -> Any:
     sys.path.insert(0, str(EXAMPLES))
     try:
