@@ -57,7 +57,13 @@ class CoordinationStore:
             raise StoreUnavailable(f"coordination store {self.label}: {what} failed: {exc}") from exc
 
     def set(self, key: str, value: bytes) -> None:
+        """Store ``value``; returns once the store holds it.
+
+        A ``TCPStore`` client's ``set`` only sends: the server may answer another client's ``check``
+        before it has read this one, and a store that is gone goes unnoticed. The ``check`` after
+        it is a round trip on the same connection, which the server answers only after the set."""
         self._call(f"set {key}", self._store.set, key, value)
+        self._call(f"set {key} (confirm)", self._store.check, [key])
 
     def get(self, key: str) -> bytes:
         return self._call(f"get {key}", self._store.get, key)  # type: ignore[return-value]
