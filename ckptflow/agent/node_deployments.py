@@ -65,7 +65,9 @@ def node_deployments(
             name=deployment_name(host),
             entrypoint_type=module,
             interval=housekeeping_interval_s,
-            parameters={"config_path": config, "node": host},
+            # Late by more than an interval: a newer run is due (an agent that was down for hours
+            # is not made to work through every interval it missed).
+            parameters={"config_path": config, "node": host, "skip_if_late_s": housekeeping_interval_s},
             description=f"Node {host}: catalog sync of its disk, stale partials, missed promotions.",
             tags=tags,
         ),

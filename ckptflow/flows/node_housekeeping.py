@@ -7,25 +7,33 @@ On a schedule, on every node (nothing here reads another node's disk):
   ``promote.stale_partial_age_s``) and interrupted deletes finished;
 - parts this node holds of checkpoints that are not yet published on the first colder tier are
   promoted (the event-driven ``promote-part`` run was missed: Prefect down, the agent restarting),
-  a bounded number per run;
+  a bounded number per run; a directory whose checkpoints name another run (``--root`` pointed into
+  the hot root by hand) is reported and left alone, never retried as a failing promotion;
 - hot-tier retention deletes this node's own parts of what ``retention.yaml`` lets go, never the
   node's newest complete checkpoint nor a part warm does not show published
   (:mod:`ckptflow.tasks.node_retention`).
+
+A scheduled run that starts more than ``skip_if_late_s`` after its scheduled time does nothing: a
+newer one is due (an agent back after hours of downtime would otherwise work through every
+interval it missed, one after another).
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
+from prefect.runtime import flow_run
 
 from ckptflow.catalog import Catalog
 from ckptflow.catalog.sync import sync_from_root
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.promote_part import promote_part
 from ckptflow.storage import layout
+from ckptflow.storage.manifest import ManifestError, read_manifest
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks.node_retention import node_hot_retention
 from ckptflow.tasks.part_ops import first_colder_tier, this_host
@@ -45,12 +53,44 @@ def runs_on_hot(hot_root: str) -> tuple[list[str], list[str]]:
     return runs, skipped
 
 
+def steps_of_another_run(run_dir: Path, steps: list[int]) -> dict[int, str]:
+    """The committed ``steps`` under ``run_dir`` whose manifest names another run (or cannot be
+    read): step -> why. Their checkpoints are not ``run_dir.name``'s: no promotion can find them
+    in the catalog under that name."""
+    foreign: dict[int, str] = {}
+    for step in steps:
+        try:
+            named = read_manifest(run_dir / layout.committed_name(step)).run
+        except ManifestError as exc:
+            foreign[step] = str(exc)
+            continue
+        if named != run_dir.name:
+            foreign[step] = f"its manifest names run {named!r}"
+    return foreign
+
+
+def late_by_s() -> float:
+    """How long after its scheduled time this flow run started (0 for a run started by a call)."""
+    return max(0.0, (datetime.now(UTC) - flow_run.scheduled_start_time).total_seconds())
+
+
 @flow(name="node-housekeeping", log_prints=False)
 def node_housekeeping(
-    config_path: str, node: str | None = None, max_promotions: int = 5
+    config_path: str,
+    node: str | None = None,
+    max_promotions: int = 5,
+    skip_if_late_s: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Sync this node's holdings into the catalog, clean its stale partials, promote what was missed."""
+    """Sync this node's holdings into the catalog, clean its stale partials, promote what was missed.
+
+    ``skip_if_late_s`` (the agent's deployment passes its interval): a run that starts later than
+    this after its scheduled time returns at once, one ``skipped: late`` row: a newer one is due.
+    """
     logger = get_run_logger()
+    late_s = late_by_s()
+    if skip_if_late_s is not None and late_s > skip_if_late_s:
+        logger.info("started %.0f s after its scheduled time: a newer run is due; nothing done", late_s)
+        return [{"action": "skipped: late", "run": "", "step": None, "detail": f"{late_s:.0f} s late"}]
     config_path = pinned_path(config_path, "config_path")
     host = node or this_host()
     config, tiers = load(config_path)
@@ -69,10 +109,22 @@ def node_housekeeping(
                 rows.append({"action": "catalog synced", "run": run, "step": None, "detail": str(report)})
             for removed in layout.remove_stale_partials(run_dir, config.promote.stale_partial_age_s):
                 rows.append({"action": "cleaned", "run": run, "step": None, "detail": str(removed)})
+            committed = layout.committed_steps(run_dir)
+            foreign = steps_of_another_run(run_dir, committed)
+            if foreign:
+                step, why = next(iter(foreign.items()))
+                detail = (
+                    f"{len(foreign)} checkpoint(s) under {run_dir} are not run {run!r}'s (step-{step}: "
+                    f"{why}); not promoted: a run's checkpoints belong under {hot.root}/<run name>"  # type: ignore[attr-defined]
+                )
+                logger.warning("%s", detail)
+                rows.append(
+                    {"action": "not this run's checkpoints", "run": run, "step": None, "detail": detail}
+                )
             pending = [
                 step
-                for step in layout.committed_steps(run_dir)
-                if tiers[target].read_manifest(run, step) is None
+                for step in committed
+                if step not in foreign and tiers[target].read_manifest(run, step) is None
             ]
             for step in pending[:max_promotions]:
                 try:
