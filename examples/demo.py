@@ -185,6 +185,12 @@ def two_node_lifecycle(
             "reference",
         )
         nodes.job.wait(900)
+        # The ground truth is reference.json; its checkpoints (run "tiny" under a directory named
+        # for the reference) would otherwise stay in the hot roots, reported by every node's
+        # housekeeping as a directory that is no run's (the operator's view of the disks, as in
+        # holdings()).
+        for disk in nodes.disks:
+            shutil.rmtree(disk / f"{run}-reference", ignore_errors=True)
 
         print(
             "4/6 training with the pipeline; node 1 dies in a background save and is replaced ...", flush=True
