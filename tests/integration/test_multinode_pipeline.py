@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
-from replica_waits import replica_states, wait_ready
+from replica_waits import catalog_story, replica_states, wait_ready
 
 from ckptflow.catalog import Catalog
 from ckptflow.services import simulated_nodes
@@ -96,7 +96,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             triggered = [f"promote-part/{name}" for name in names]
             local_stack.wait_for_deployments(running.prefect, names, triggered=triggered)
             _train(nodes, config, results["first"], 6, running)
-            wait_ready(config, RUN, [3, 6], timeout_s=TIMEOUT_S)
+            wait_ready(config, RUN, [3, 6], timeout_s=TIMEOUT_S, explain=lambda: _story(config, work))
 
             # Node 1's agent goes down; the job trains on to step 9, whose part 1 cannot move.
             agents[1].kill()
@@ -134,6 +134,31 @@ def _warm_reason(config: Path, step: int) -> str:
         return ""
     finally:
         catalog.dispose()
+
+
+def _story(config: Path, work: Path) -> str:
+    """What happened, for a wait that timed out: every flow run of the job (flow, step, node,
+    state and its message), the catalog's events, the agents' errors."""
+    from prefect.client.orchestration import get_client
+
+    async def read() -> list[str]:
+        async with get_client() as client:
+            flows = {f.id: f.name for f in await client.read_flows()}
+            runs = await client.read_flow_runs(limit=200)
+        return [
+            f"  run {flows.get(r.flow_id)} step={r.parameters.get('step')} node={r.parameters.get('node')} "
+            f"{r.state_name} start={r.start_time} {(r.state.message or '') if r.state else ''}"[:300]
+            for r in sorted(runs, key=lambda r: r.expected_start_time or r.created)
+            if r.parameters.get("run") == RUN
+        ]
+
+    errors = [
+        f"  {log.name}: {line}"[:300]
+        for log in sorted(work.glob("agent-*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if "ERROR" in line or "Crash" in line
+    ]
+    return "\n".join([*asyncio.run(read()), catalog_story(config, RUN), *errors[-30:]])
 
 
 def _flow_runs(deployment: str) -> list[Any]:
