@@ -11,11 +11,9 @@ from ckptflow.catalog import STAGED_EVENT
 from ckptflow.flows.node_housekeeping import node_housekeeping
 from ckptflow.flows.promote_part import promote_part
 from ckptflow.flows.replicate_part import replicate_part
+from ckptflow.tasks.part_ops import deployment_name
 
-
-def deployment_name(host: str) -> str:
-    """``node-<host>``: what the node's deployments are called in the Prefect UI."""
-    return f"node-{host}"
+__all__ = ["deployment_name", "node_deployments"]
 
 
 def node_deployments(

@@ -33,6 +33,7 @@ from ckptflow.storage.tier import Tier, TierError
 from ckptflow.tasks.catalog_tasks import checkpoint_id_of, move_replica, replica_states
 from ckptflow.tasks.data_time import DataTime
 from ckptflow.tasks.leases import hold
+from ckptflow.tasks.part_catch_up import ask_for_catch_up
 from ckptflow.tasks.part_ops import (
     NodeHolding,
     NotOnThisNode,
@@ -183,10 +184,24 @@ class _PartJob:
         reason = f"waiting for the parts of {', '.join(who)}"
         uri = self.tier.uri(run, step)
         move_replica(self.catalog, self.checkpoint_id, target, "copying", uri=uri, reason=reason)
-        get_run_logger().info(
-            "%s step %d: node %s copied its part to %s; %s", run, step, host, target, reason
+        logger = get_run_logger()
+        logger.info("%s step %d: node %s copied its part to %s; %s", run, step, host, target, reason)
+        # In case a waited-for node's own run was lost (Prefect drops an automation action that
+        # failed): one scheduled run on each of the last few (tasks/part_catch_up.py).
+        asked = ask_for_catch_up(self.holding.manifest, lacking, self.config.promote.catch_up_after_s, host)
+        if asked:
+            logger.info(
+                "%s step %d: asked %s to promote their parts in %.0f s if still needed",
+                run,
+                step,
+                ", ".join(a.host for a in asked),
+                self.config.promote.catch_up_after_s,
+            )
+        return self._done(
+            "part copied",
+            waiting_for=who,
+            **({"catch_up": [a.host for a in asked if not a.error]} if asked else {}),
         )
-        return self._done("part copied", waiting_for=who)
 
     def _publish(self) -> dict[str, Any]:
         """Every file arrived: publish the tier's copy (manifest last) under the replica's lease,

@@ -25,6 +25,12 @@ class NotOnThisNode(LookupError):
     """This node's hot root holds no decided copy of the checkpoint (nothing to promote here)."""
 
 
+def deployment_name(host: str) -> str:
+    """``node-<host>``: what the deployments of the agent on ``host`` are called (in the Prefect
+    UI, and what another node addresses them by)."""
+    return f"node-{host}"
+
+
 def this_host() -> str:
     """The name nodes are known by in manifests and events (``socket.gethostname()``)."""
     return socket.gethostname()
