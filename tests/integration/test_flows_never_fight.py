@@ -105,7 +105,9 @@ def test_two_promotions_at_once_and_a_reconcile_in_flight_move_one_copy_of_the_b
     run, config = "twice", str(made.config)
     total = save_checkpoint(made, run, 1, mib=12)  # a 12 MiB shard: a 2-part upload (8 MiB parts)
     args = [run, 1, config]
-    warm, go_warm = _pair(made, tmp_path / "warm", PROMOTE_PART, args, throttle_mib_s=6)
+    # 4 s of copying at 3 MiB/s: the second process, whose flow run a loaded Prefect server may
+    # start a second or two after the first's, still finds the first one copying.
+    warm, go_warm = _pair(made, tmp_path / "warm", PROMOTE_PART, args, throttle_mib_s=3)
     # The cold pair: the warm copy's re-hash at full speed, then the upload at 1 MiB/s (12 s in flight).
     cold, go_cold = _pair(
         made, tmp_path / "cold", PROMOTE, args, throttle_mib_s=1, throttle_after_mib=total / MIB
