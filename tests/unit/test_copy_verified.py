@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,14 +23,27 @@ def _source(tmp_path: Path, size: int) -> tuple[Path, FileEntry]:
 
 
 @pytest.fixture(params=["kernel", "buffered"])
-def path_taken(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def path_taken(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     if request.param == "buffered":  # a filesystem pair sendfile cannot copy between
 
         def refuse(*_args: object) -> int:
             raise OSError(errno.EINVAL, "sendfile not supported here")
 
         monkeypatch.setattr(copy.os, "sendfile", refuse)
-    return request.param
+        yield request.param
+        return
+    # The kernel case must really be the kernel's: the real sendfile, its calls counted.
+    sent: list[int] = []
+    real = os.sendfile
+
+    def counted(out_fd: int, in_fd: int, offset: int | None, count: int) -> int:
+        n = real(out_fd, in_fd, offset, count)
+        sent.append(n)
+        return n
+
+    monkeypatch.setattr(copy.os, "sendfile", counted)
+    yield request.param
+    assert sent, "the kernel case copied without sendfile"
 
 
 @pytest.mark.parametrize("size", [0, 1, CRC_STEP - 1, CRC_STEP + 12_345, 3 * CRC_STEP])
