@@ -92,10 +92,10 @@ class CommitRound:
 
     def decision_if_made(self) -> Decision | None:
         """The decision, if the coordinator made one already (a straggler asks before reporting)."""
-        key = self._key("decision")
-        if not self.store.check([key]):
-            return None
-        return Decision.from_bytes(self.store.get(key))
+        # One atomic read: the last node to acknowledge may delete the round at any moment, and a
+        # check followed by a get would then wait for the key until the store's timeout.
+        value = self.store.get_if_present(self._key("decision"))
+        return None if value is None else Decision.from_bytes(value)
 
     # --- a node's leader --------------------------------------------------------------------------
 
@@ -128,7 +128,8 @@ class CommitRound:
         key = self._key("decision")
         if not self.store.wait([key], self.remaining(self.grace_s)):
             return None
-        return Decision.from_bytes(self.store.get(key))
+        value = self.store.get_if_present(key)  # gone meanwhile: the round was forgotten
+        return None if value is None else Decision.from_bytes(value)
 
     def acknowledge(self) -> None:
         """This node has read the decision (and, if committed, made it durable). The last node to

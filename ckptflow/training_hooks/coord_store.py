@@ -31,6 +31,9 @@ from ckptflow.training_hooks.nodes import Topology
 
 StoreMode = Literal["auto", "env", "rank0"]
 
+# No value the commit protocol stores (JSON, b"1") starts with a NUL byte.
+_ABSENT = b"\x00ckptflow: no such key\x00"
+
 
 class StoreUnavailable(RuntimeError):
     """The coordination store could not be reached or answered with an error."""
@@ -67,6 +70,16 @@ class CoordinationStore:
 
     def get(self, key: str) -> bytes:
         return self._call(f"get {key}", self._store.get, key)  # type: ignore[return-value]
+
+    def get_if_present(self, key: str) -> bytes | None:
+        """The value of ``key``, or None if it does not exist; never waits, never creates it.
+
+        ``check`` then ``get`` fails when another rank deletes the key in between (the last node
+        to acknowledge deletes the round): the ``get`` waits for it until the store's timeout, or
+        reads an empty value. ``compare_set`` with an expected value no key holds answers in one atomic step:
+        the stored value, or (the key missing) that expected value back, without setting it."""
+        got = self._call(f"get_if_present {key}", self._store.compare_set, key, _ABSENT, _ABSENT)
+        return None if got == _ABSENT else got  # type: ignore[return-value]
 
     def multi_get(self, keys: Sequence[str]) -> list[bytes]:
         if not keys:

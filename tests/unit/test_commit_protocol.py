@@ -145,3 +145,38 @@ def test_a_store_that_is_gone_is_an_error_never_a_decision():
     with pytest.raises(StoreUnavailable, match="coordination store"):
         r[2].await_decision()
     assert time.monotonic() - t0 < 20.0  # noticed at once, not at the deadline
+
+
+def test_a_straggler_asking_while_the_round_is_deleted_never_waits(server):
+    # The last node to acknowledge deletes the round while a late rank of another node asks for
+    # the decision: the answer is the decision or None at once. A check then a get failed there:
+    # the get waits for the deleted key until the store's timeout (2 s here), or, as this test saw
+    # before the fix, reads an empty value that is no decision (JSONDecodeError in the save thread).
+    _, port = server
+    topology = Topology(2, 4, NODES, HOSTS)
+    quick = CoordinationStore(dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=2)))
+    asker = CommitRound(quick, topology, "run", "save-1", time.monotonic(), 1.0)
+    flipper = rounds(port, deadline_s=0.1)[0]
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            flipper.publish_decision(Decision(ABANDONED, "late", [1], [2]))
+            flipper.forget_round()
+
+    thread = threading.Thread(target=flip)
+    thread.start()
+    try:
+        seen = {None if d is None else d.outcome for d in (asker.decision_if_made() for _ in range(3000))}
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert seen <= {None, ABANDONED} and ABANDONED in seen
+
+
+def test_get_if_present_reads_without_waiting_or_creating(server):
+    store, port = server
+    c = client(port)
+    assert c.get_if_present("k") is None and not store.check(["k"])
+    c.set("k", b'{"a": 1}')
+    assert c.get_if_present("k") == b'{"a": 1}'
