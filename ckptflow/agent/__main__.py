@@ -1,6 +1,7 @@
 """``python -m ckptflow.agent --config ckptflow.yaml [--node HOST] [--peer-bind HOST[:PORT]]``: start
-this node's peer server (when a replication secret is configured), catch up once (node-housekeeping:
-what this node missed while no agent listened), then serve this node's deployments (blocks for the
+this node's peer server (when a replication secret is configured), delete the housekeeping runs that
+came due while no agent served them (agent/missed_runs.py), catch up once (node-housekeeping: what
+this node missed while no agent listened), then serve this node's deployments (blocks for the
 life of the job; stop it with SIGTERM)."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pathlib import Path
 
 from prefect import serve
 
-from ckptflow.agent.node_deployments import node_deployments
+from ckptflow.agent.missed_runs import forget_missed_runs
+from ckptflow.agent.node_deployments import deployment_name, node_deployments
 from ckptflow.agent.peer_service import start_peer_server
 from ckptflow.flows.node_housekeeping import node_housekeeping
 from ckptflow.flows.pinned import CONFIG_DIR_ENV
@@ -57,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"ckptflow agent: {exc}", file=sys.stderr)
         return 2
+    interval = args.housekeeping_interval_s
+    try:  # the scheduled runs that came due while no agent served them: one catch-up below does it
+        forget_missed_runs(f"node-housekeeping/{deployment_name(host)}", interval)
+    except Exception as exc:  # noqa: BLE001 - late runs skip themselves anyway
+        log.warning("node %s: missed housekeeping runs not deleted: %s", host, exc)
     if args.catch_up:
         # Whatever this node missed while no agent ran (events fire only for the listening): first.
         try:
@@ -65,9 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             log.error("node %s: the start-up housekeeping failed: %s", host, exc)
     try:
         serve(
-            *node_deployments(
-                str(config), host, args.housekeeping_interval_s, replicate=peer_server is not None
-            ),
+            *node_deployments(str(config), host, interval, replicate=peer_server is not None),
             limit=args.limit,
             query_seconds=args.poll_interval_s,
         )

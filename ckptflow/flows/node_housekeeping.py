@@ -53,6 +53,11 @@ def runs_on_hot(hot_root: str) -> tuple[list[str], list[str]]:
     return runs, skipped
 
 
+# A scheduled run this late is superseded at any interval an agent would use (default 300 s); the
+# agent's deployment passes its own interval instead.
+DEFAULT_SKIP_IF_LATE_S = 900.0
+
+
 def steps_of_another_run(run_dir: Path, steps: list[int]) -> dict[int, str]:
     """The committed ``steps`` under ``run_dir`` whose manifest names another run (or cannot be
     read): step -> why. Their checkpoints are not ``run_dir.name``'s: no promotion can find them
@@ -79,12 +84,13 @@ def node_housekeeping(
     config_path: str,
     node: str | None = None,
     max_promotions: int = 5,
-    skip_if_late_s: float | None = None,
+    skip_if_late_s: float | None = DEFAULT_SKIP_IF_LATE_S,
 ) -> list[dict[str, Any]]:
     """Sync this node's holdings into the catalog, clean its stale partials, promote what was missed.
 
-    ``skip_if_late_s`` (the agent's deployment passes its interval): a run that starts later than
-    this after its scheduled time returns at once, one ``skipped: late`` row: a newer one is due.
+    ``skip_if_late_s`` (the agent's deployment passes its interval; None: never skip): a run that
+    starts later than this after its scheduled time returns at once, one ``skipped: late`` row: a
+    newer one is due. The default also covers runs scheduled before the parameter existed.
     """
     logger = get_run_logger()
     late_s = late_by_s()
