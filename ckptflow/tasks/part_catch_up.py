@@ -6,11 +6,13 @@ failed (a ``run-deployment`` that a busy SQLite-backed server answered 503 is dr
 ``prefect.automation.action.failed`` event; the demo's server logged two in one run). Each node's
 ``node-housekeeping`` finds such a part at its next interval; this is the faster path.
 
-A node that copied its part and still waits for at most :data:`CATCH_UP_MAX_NODES` others schedules
-one ``promote-part`` run on each of their deployments, ``promote.catch_up_after_s`` later. Each
-run's idempotency key names (run, step, save, node), so however many nodes ask, each waited-for
-node gets one. On a node whose own run did its work, it finds the step published or the part
-already there and returns at once; on a node whose run was lost, it does that run's work. The
+A node that copied its part and still waits for at most :data:`CATCH_UP_MAX_NODES` others looks,
+for each of them, for a ``promote-part`` run of the checkpoint on that node's deployment (one
+query). Only where there is none (or only failed ones) does it schedule one,
+``promote.catch_up_after_s`` later, which does the lost run's work on that node. Each such run's
+idempotency key names (run, step, save, node), so two nodes asking at once still make one. A node
+whose run is merely queued behind others is not given a second one: on a loaded cluster that
+would add work exactly where it is already late. The
 bound keeps the cost per checkpoint constant: only the last few nodes to finish ask (the first
 finishers of a 1,000-node job wait for hundreds of nodes that are merely slower), each for a few.
 Nothing here raises: if Prefect cannot take the runs, housekeeping is still there (logged).
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from ckptflow.storage.manifest import Manifest
 from ckptflow.tasks.part_ops import deployment_name
@@ -57,6 +60,40 @@ def hosts_waited_for(manifest: Manifest, lacking: list[str]) -> list[str]:
     return [hosts[k] for k in nodes if k in hosts]
 
 
+def _has_a_run_for(client: Any, deployment_id: Any, manifest: Manifest) -> bool:
+    """Whether the deployment has a run of (run, step) since shortly before the checkpoint was
+    made that did not fail: then the node's own run was not lost (or another node asked already)."""
+    from prefect.client.schemas.filters import (  # noqa: PLC0415
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterExpectedStartTime,
+    )
+
+    since = _made_at(manifest) - timedelta(minutes=5)
+    runs = client.read_flow_runs(
+        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+        flow_run_filter=FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(after_=since)),
+        limit=200,
+    )
+    return any(
+        r.parameters.get("run") == manifest.run
+        and r.parameters.get("step") == manifest.step
+        and not (
+            r.state is not None and (r.state.is_failed() or r.state.is_crashed() or r.state.is_cancelled())
+        )
+        for r in runs
+    )
+
+
+def _made_at(manifest: Manifest) -> datetime:
+    try:
+        made = datetime.fromisoformat(manifest.created_at)
+    except ValueError:
+        return datetime.now(UTC) - timedelta(days=1)
+    return made.replace(tzinfo=UTC) if made.tzinfo is None else made
+
+
 def ask_for_catch_up(
     manifest: Manifest, lacking: list[str], after_s: float, asking_host: str
 ) -> list[CatchUp]:
@@ -78,6 +115,8 @@ def ask_for_catch_up(
             key = idempotency_key(manifest, host)
             try:
                 deployment = client.read_deployment_by_name(name)
+                if _has_a_run_for(client, deployment.id, manifest):
+                    continue  # its run exists (maybe queued behind others): asking would only add one
                 flow_run = client.create_flow_run_from_deployment(
                     deployment.id,
                     parameters={"run": manifest.run, "step": manifest.step, "node": host},

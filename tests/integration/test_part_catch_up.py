@@ -1,9 +1,10 @@
 """A node's promote-part run that Prefect never created (its automation action failed) is caught up
 by the nodes that wait for it, on a real Prefect server, without an agent's housekeeping:
 
-host-a copies its part of step 5 and waits for host-b; it schedules one promote-part run on
+host-a copies its part of step 5 and waits for host-b. While host-b has a run of the step (queued),
+host-a asks for nothing. Once there is none, it schedules one promote-part run on
 host-b's deployment ``promote.catch_up_after_s`` later (a second run of host-a asks again and
-gets the same run: one per node, whoever asks). That run, executed as host-b's agent would, copies
+finds that run: one per node, whoever asks). That run, executed as host-b's agent would, copies
 host-b's part and publishes the step.
 """
 
@@ -58,11 +59,19 @@ def test_a_node_whose_run_was_lost_is_asked_once_and_its_part_arrives(
         name="node-host-b", parameters={"config_path": str(configs["host-b"]), "node": "host-b"}
     ).apply()
 
+    # While host-b has a run of step 5 (queued: its agent is busy), nobody is asked again.
+    with get_client(sync_client=True) as client:
+        queued = client.create_flow_run_from_deployment(deployment_id, parameters={"run": RUN, "step": 5})
+    waiting = promote_part(RUN, 5, str(configs["host-a"]), "host-a")
+    assert waiting["action"] == "part copied" and "catch_up" not in waiting, waiting
+    with get_client(sync_client=True) as client:
+        client.delete_flow_run(queued.id)  # now as if the automation's action had failed
+
     asked_at = datetime.now(UTC)
     first = promote_part(RUN, 5, str(configs["host-a"]), "host-a")
     again = promote_part(RUN, 5, str(configs["host-a"]), "host-a")
     assert first["action"] == again["action"] == "part copied", (first, again)
-    assert first["catch_up"] == again["catch_up"] == ["host-b"]
+    assert first["catch_up"] == ["host-b"] and "catch_up" not in again  # the first's run is found
     assert not (tmp_path / "warm" / RUN / "step-5" / MANIFEST_NAME).exists()
 
     with get_client(sync_client=True) as client:
