@@ -245,7 +245,10 @@ def two_node_lifecycle(
         killed_at = happened["node 1 lost during a background save at step"]
         steps = list(range(SAVE_EVERY, args.steps + 1, SAVE_EVERY))
         superseded = [s for s in steps if resumed < s <= killed_at]
-        promoted = wait_promoted(config, run, steps, timeout_s=300)
+        # Up to two housekeeping intervals (300 s each): the checkpoint the job resumed from reaches
+        # warm only once the replacement node, which fetched its part back from its peer, promotes
+        # it, which its housekeeping does (its staged event fired before the node was replaced).
+        promoted = wait_promoted(config, run, steps, timeout_s=600)
         print(
             f"    {len(steps)} checkpoints promoted to warm and cold (or skipped on cold by the policy) "
             f"{'' if promoted else 'NOT all '}(waited {time.monotonic() - t0:.0f} s after training)"
