@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     interval = args.housekeeping_interval_s
     try:  # the scheduled runs that came due while no agent served them: one catch-up below does it
-        forget_missed_runs(f"node-housekeeping/{deployment_name(host)}", interval)
+        forget_missed_runs(f"{node_housekeeping.name}/{deployment_name(host)}", interval)
     except Exception as exc:  # noqa: BLE001 - late runs skip themselves anyway
         log.warning("node %s: missed housekeeping runs not deleted: %s", host, exc)
     if args.catch_up:

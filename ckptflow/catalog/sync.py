@@ -60,7 +60,9 @@ class SyncReport:
     replica were repaired. ``marked_corrupt``: checkpoints that became corrupt (quarantined on disk,
     or superseded by a later commit of the same step), new rows included. ``marked_lost``: hot
     replicas whose directory is gone. ``unreadable``: directories whose manifest could not be read.
-    ``conflicts``: disagreements sync does not resolve on its own (it never un-corrupts a checkpoint).
+    ``other_run``: directory -> the run its manifest names, where a sync of one run found another
+    run's checkpoint under its root (left alone). ``conflicts``: disagreements sync does not
+    resolve on its own (it never un-corrupts a checkpoint).
     """
 
     created: int = 0
@@ -68,6 +70,7 @@ class SyncReport:
     marked_corrupt: int = 0
     marked_lost: int = 0
     unreadable: list[str] = field(default_factory=list)
+    other_run: dict[str, str] = field(default_factory=dict)
     conflicts: list[str] = field(default_factory=list)
 
     @property
@@ -98,6 +101,7 @@ def sync_from_root(catalog: Catalog, root: str, run: str | None = None, mark_los
             report.unreadable.append(str(entry.path))
             continue
         if run is not None and manifest.run != run:
+            report.other_run[str(entry.path)] = manifest.run
             continue
         if manifest.run not in known_runs:
             catalog.ensure_run(manifest.run, str(base))

@@ -20,6 +20,7 @@ interval it missed, one after another).
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,10 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
 from ckptflow.catalog import Catalog
-from ckptflow.catalog.sync import sync_from_root
+from ckptflow.catalog.sync import SyncReport, sync_from_root
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.promote_part import promote_part
 from ckptflow.storage import layout
-from ckptflow.storage.manifest import ManifestError, read_manifest
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks.node_retention import node_hot_retention
 from ckptflow.tasks.part_ops import first_colder_tier, this_host
@@ -58,19 +58,20 @@ def runs_on_hot(hot_root: str) -> tuple[list[str], list[str]]:
 DEFAULT_SKIP_IF_LATE_S = 900.0
 
 
-def steps_of_another_run(run_dir: Path, steps: list[int]) -> dict[int, str]:
-    """The committed ``steps`` under ``run_dir`` whose manifest names another run (or cannot be
-    read): step -> why. Their checkpoints are not ``run_dir.name``'s: no promotion can find them
-    in the catalog under that name."""
+def steps_of_another_run(run_dir: Path, report: SyncReport) -> dict[int, str]:
+    """The committed steps under ``run_dir`` that its sync (``report``) could not record as
+    ``run_dir.name``'s: step -> why (the manifest names another run, or cannot be read). No
+    promotion can find them in the catalog under that name."""
+    why = {
+        **{path: str(path) + ": manifest unreadable" for path in report.unreadable},
+        **{path: f"its manifest names run {named!r}" for path, named in report.other_run.items()},
+    }
+    base = Path(os.path.abspath(run_dir))  # as sync names what it found
     foreign: dict[int, str] = {}
-    for step in steps:
-        try:
-            named = read_manifest(run_dir / layout.committed_name(step)).run
-        except ManifestError as exc:
-            foreign[step] = str(exc)
-            continue
-        if named != run_dir.name:
-            foreign[step] = f"its manifest names run {named!r}"
+    for path, reason in why.items():
+        step = layout.parse_committed(Path(path).name)
+        if step is not None and Path(path).parent == base:
+            foreign[step] = reason
     return foreign
 
 
@@ -115,10 +116,9 @@ def node_housekeeping(
                 rows.append({"action": "catalog synced", "run": run, "step": None, "detail": str(report)})
             for removed in layout.remove_stale_partials(run_dir, config.promote.stale_partial_age_s):
                 rows.append({"action": "cleaned", "run": run, "step": None, "detail": str(removed)})
-            committed = layout.committed_steps(run_dir)
-            foreign = steps_of_another_run(run_dir, committed)
+            foreign = steps_of_another_run(run_dir, report)
             if foreign:
-                step, why = next(iter(foreign.items()))
+                step, why = min(foreign.items())
                 detail = (
                     f"{len(foreign)} checkpoint(s) under {run_dir} are not run {run!r}'s (step-{step}: "
                     f"{why}); not promoted: a run's checkpoints belong under {hot.root}/<run name>"  # type: ignore[attr-defined]
@@ -129,7 +129,7 @@ def node_housekeeping(
                 )
             pending = [
                 step
-                for step in committed
+                for step in layout.committed_steps(run_dir)
                 if step not in foreign and tiers[target].read_manifest(run, step) is None
             ]
             for step in pending[:max_promotions]:

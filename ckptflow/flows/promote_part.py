@@ -194,13 +194,13 @@ class _PartJob:
                 "%s step %d: asked %s to promote their parts in %.0f s if still needed",
                 run,
                 step,
-                ", ".join(a.host for a in asked),
+                ", ".join(asked),
                 self.config.promote.catch_up_after_s,
             )
         return self._done(
             "part copied",
             waiting_for=who,
-            **({"catch_up": [a.host for a in asked if not a.error]} if asked else {}),
+            **({"catch_up": asked} if asked else {}),
         )
 
     def _publish(self) -> dict[str, Any]:

@@ -22,7 +22,7 @@ promote:
   workers: 8
   stale_upload_age_s: 3600
   lease_ttl_s: 120                                  # a dead writer's work is taken over after this
-  catch_up_after_s: 60                              # a node waited for is asked again this much later
+  catch_up_after_s: 60                              # a waited-for node without a run gets one this later
 checkpoint:                                         # the Checkpointer's options (CheckpointOptions)
   deadline_s: 600
   on_busy: skip
@@ -135,8 +135,9 @@ class PromoteConfig(_Strict):
     # How long a writer's lease on a replica lives without a heartbeat (it beats every quarter of
     # this): how soon a crashed promotion's work can be resumed or cleaned by another.
     lease_ttl_s: float = Field(default=120.0, gt=0)
-    # A node that copied its part and waits for a few others asks each of them, this long later,
-    # to promote theirs (in case its event-driven run was lost; tasks/part_catch_up.py). 0: never.
+    # A node that copied its part and waits for a few others schedules, this long later, a
+    # promote-part run on each of them that has none (its event-driven run was lost;
+    # tasks/part_catch_up.py). 0: never.
     catch_up_after_s: float = Field(default=60.0, ge=0)
 
 

@@ -12,21 +12,20 @@ query). Only where there is none (or only failed ones) does it schedule one,
 ``promote.catch_up_after_s`` later, which does the lost run's work on that node. Each such run's
 idempotency key names (run, step, save, node), so two nodes asking at once still make one. A node
 whose run is merely queued behind others is not given a second one: on a loaded cluster that
-would add work exactly where it is already late. The
-bound keeps the cost per checkpoint constant: only the last few nodes to finish ask (the first
-finishers of a 1,000-node job wait for hundreds of nodes that are merely slower), each for a few.
+would add work exactly where it is already late. The bound keeps the cost per checkpoint
+constant: only the last few nodes to finish ask (the first finishers of a 1,000-node job wait for
+hundreds of nodes that are merely slower), each for a few.
 Nothing here raises: if Prefect cannot take the runs, housekeeping is still there (logged).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ckptflow.storage.manifest import Manifest
-from ckptflow.tasks.part_ops import deployment_name
+from ckptflow.tasks.part_ops import deployment_name, owners_of
 
 log = logging.getLogger("ckptflow.catch_up")
 
@@ -34,30 +33,10 @@ CATCH_UP_MAX_NODES = 4
 PROMOTE_PART_FLOW = "promote-part"
 
 
-@dataclass(frozen=True)
-class CatchUp:
-    """One scheduled ``promote-part`` run on a node the checkpoint waits for."""
-
-    host: str
-    deployment: str  # promote-part/node-<host>
-    idempotency_key: str
-    scheduled_for: datetime
-    flow_run_id: str = ""  # empty when Prefect did not take it (``error`` says why)
-    error: str = ""
-
-
 def idempotency_key(manifest: Manifest, host: str) -> str:
     """One catch-up run per (run, step, save, node), whoever asks (the key is per flow in Prefect,
     so it names the node)."""
     return f"ckptflow catch-up {manifest.run} step {manifest.step} save {manifest.save_id} on {host}"
-
-
-def hosts_waited_for(manifest: Manifest, lacking: list[str]) -> list[str]:
-    """The save-time hosts of the nodes whose files in ``lacking`` the tier still needs."""
-    missing = set(lacking)
-    nodes = sorted({e.node for e in manifest.files if e.path in missing})
-    hosts = {n.node: n.host for n in manifest.nodes}
-    return [hosts[k] for k in nodes if k in hosts]
 
 
 def _has_a_run_for(client: Any, deployment_id: Any, manifest: Manifest) -> bool:
@@ -94,34 +73,31 @@ def _made_at(manifest: Manifest) -> datetime:
     return made.replace(tzinfo=UTC) if made.tzinfo is None else made
 
 
-def ask_for_catch_up(
-    manifest: Manifest, lacking: list[str], after_s: float, asking_host: str
-) -> list[CatchUp]:
+def ask_for_catch_up(manifest: Manifest, lacking: list[str], after_s: float, asking_host: str) -> list[str]:
     """Schedule a ``promote-part`` run, ``after_s`` from now, on the deployment of every node whose
-    part ``lacking`` names, if there are at most :data:`CATCH_UP_MAX_NODES` of them (and
-    ``after_s`` > 0); returns what was asked (an ``error`` per run Prefect did not take)."""
+    part ``lacking`` names and that has no run of the checkpoint, if at most
+    :data:`CATCH_UP_MAX_NODES` nodes are waited for (and ``after_s`` > 0); returns the hosts given
+    a run (one Prefect did not take is logged)."""
     from prefect import get_client  # noqa: PLC0415 - only inside a flow run
     from prefect.states import Scheduled  # noqa: PLC0415
 
-    hosts = [h for h in hosts_waited_for(manifest, lacking) if h != asking_host]
+    hosts = [h for _, h in owners_of(manifest, lacking) if h is not None and h != asking_host]
     if after_s <= 0 or not hosts or len(hosts) > CATCH_UP_MAX_NODES:
         return []
     when = datetime.now(UTC) + timedelta(seconds=after_s)
     asked = []
-    # One sync client for all of them: two small requests per node, not run_deployment's set-up.
+    # One sync client for all of them: a few small requests per node, not run_deployment's set-up.
     with get_client(sync_client=True) as client:
         for host in hosts:
-            name = f"{PROMOTE_PART_FLOW}/{deployment_name(host)}"
-            key = idempotency_key(manifest, host)
             try:
-                deployment = client.read_deployment_by_name(name)
+                deployment = client.read_deployment_by_name(f"{PROMOTE_PART_FLOW}/{deployment_name(host)}")
                 if _has_a_run_for(client, deployment.id, manifest):
                     continue  # its run exists (maybe queued behind others): asking would only add one
-                flow_run = client.create_flow_run_from_deployment(
+                client.create_flow_run_from_deployment(
                     deployment.id,
                     parameters={"run": manifest.run, "step": manifest.step, "node": host},
                     state=Scheduled(scheduled_time=when),
-                    idempotency_key=key,
+                    idempotency_key=idempotency_key(manifest, host),
                     tags=["ckptflow", "catch-up"],
                 )
             except Exception as exc:  # noqa: BLE001 - housekeeping on that node is the fallback
@@ -134,7 +110,6 @@ def ask_for_catch_up(
                     type(exc).__name__,
                     exc,
                 )
-                asked.append(CatchUp(host, name, key, when, error=f"{type(exc).__name__}: {exc}"))
                 continue
-            asked.append(CatchUp(host, name, key, when, flow_run_id=str(flow_run.id)))
+            asked.append(host)
     return asked

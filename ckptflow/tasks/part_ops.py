@@ -79,10 +79,15 @@ class PartPlan:
 
     def waiting_nodes(self, manifest: Manifest) -> list[str]:
         """``node 1 (host-b)`` for every node whose part the tier still lacks after this copy."""
-        waiting = set(self.waiting_for)  # once: built per entry it made this quadratic in the files
-        owners = sorted({e.node for e in manifest.files if e.path in waiting})
-        hosts = {n.node: n.host for n in manifest.nodes}
-        return [f"node {k} ({hosts.get(k, '?')})" for k in owners]
+        return [f"node {k} ({host or '?'})" for k, host in owners_of(manifest, self.waiting_for)]
+
+
+def owners_of(manifest: Manifest, paths: list[str]) -> list[tuple[int, str | None]]:
+    """(save-time node, its host, None if the manifest names none) of every node with a file in
+    ``paths``, by node."""
+    wanted = set(paths)  # once: built per entry it made this quadratic in the files
+    hosts = {n.node: n.host for n in manifest.nodes}
+    return [(k, hosts.get(k)) for k in sorted({e.node for e in manifest.files if e.path in wanted})]
 
 
 def part_lease(node: int) -> str:

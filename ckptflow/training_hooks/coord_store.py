@@ -76,8 +76,9 @@ class CoordinationStore:
 
         ``check`` then ``get`` fails when another rank deletes the key in between (the last node
         to acknowledge deletes the round): the ``get`` waits for it until the store's timeout, or
-        reads an empty value. ``compare_set`` with an expected value no key holds answers in one atomic step:
-        the stored value, or (the key missing) that expected value back, without setting it."""
+        reads an empty value. ``compare_set`` with an expected value no key holds answers in one
+        atomic step: the stored value, or (the key missing) that expected value back, without
+        setting it."""
         got = self._call(f"get_if_present {key}", self._store.compare_set, key, _ABSENT, _ABSENT)
         return None if got == _ABSENT else got  # type: ignore[return-value]
 

