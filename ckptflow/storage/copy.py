@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ckptflow.storage import checksums
+from ckptflow.storage.atomic import start_writeback
 from ckptflow.storage.manifest import FileEntry
 from ckptflow.storage.tier import Progress
 
@@ -45,7 +46,8 @@ def copy_verified(
 ) -> int:
     """Copy ``src`` to ``dst``, verifying the copy's size and CRC against ``entry``.
 
-    ``fsync=False`` leaves durability to the caller (one ``atomic.syncfs`` after a batch of files).
+    ``fsync=False`` leaves durability to the caller (one ``atomic.syncfs`` after a batch of files);
+    the copy's writeback is started here, so that ``syncfs`` finds little left to write.
     Raises ChecksumMismatch (and removes ``dst``) if the bytes are not the manifest's.
     """
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -60,6 +62,8 @@ def copy_verified(
                 size, crc = _buffered_copy(fin, fout, progress)
             if fsync:
                 os.fsync(fout.fileno())
+            else:
+                start_writeback(fout.fileno())
         if size != entry.size:
             raise ChecksumMismatch(entry.path, f"{size} bytes, manifest says {entry.size}")
         actual = checksums.encode(crc)

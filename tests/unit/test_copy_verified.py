@@ -90,3 +90,32 @@ def test_an_unmappable_copy_is_checked_through_the_buffer(
     dst = tmp_path / "dst.distcp"
     assert copy_verified(src, dst, entry) == entry.size
     assert dst.read_bytes() == src.read_bytes()
+
+
+def test_a_batch_copy_starts_its_writeback_and_a_refusal_is_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fsync=False: the copy's dirty pages are handed to the disk as each copy ends (not all left
+    for the batch's syncfs); fsync=True waits for them instead. A file the kernel will not start
+    writing back is not an error."""
+    from ckptflow.storage.atomic import start_writeback
+
+    started: list[int] = []
+
+    def counted(fd: int) -> None:
+        started.append(os.fstat(fd).st_size)
+        start_writeback(fd)
+
+    monkeypatch.setattr(copy, "start_writeback", counted)
+    src, entry = _source(tmp_path, 4 * CRC_STEP)
+    copy_verified(src, tmp_path / "batch.distcp", entry, fsync=False)
+    assert started == [entry.size]  # the whole copy, once it was checked
+    copy_verified(src, tmp_path / "alone.distcp", entry, fsync=True)
+    assert started == [entry.size]  # an fsync'd copy needs no hint
+    assert (tmp_path / "batch.distcp").read_bytes() == src.read_bytes()
+    read_fd, write_fd = os.pipe()  # not a file: the kernel refuses a range of it (ESPIPE)
+    try:
+        start_writeback(read_fd)
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
