@@ -379,3 +379,23 @@ def test_attempts_at_one_step_newest_first_and_none_elsewhere(catalog):
     catalog.record_writing("another", 3, "other-run", world_size=1)
     assert [cp.save_id for cp in catalog.attempts_at("r", 3)] == ["second", "first"]
     assert catalog.attempts_at("r", 4) == []
+
+
+def test_a_sqlite_catalog_connection_is_wal_without_an_fsync_per_commit(tmp_path):
+    """Every pooled connection: WAL, synchronous NORMAL (1: sync at checkpoints, not per commit),
+    foreign keys on, and the busy timeout writers queue behind."""
+    from ckptflow.catalog.engine import SQLITE_BUSY_TIMEOUT_MS, get_engine
+
+    catalog = Catalog.open(str(tmp_path / "pragmas.db"))
+    with get_engine(catalog.url).read.connect() as conn:
+        pragmas = {
+            name: conn.exec_driver_sql(f"PRAGMA {name}").scalar()
+            for name in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")
+        }
+    assert pragmas == {
+        "journal_mode": "wal",
+        "synchronous": 1,
+        "foreign_keys": 1,
+        "busy_timeout": SQLITE_BUSY_TIMEOUT_MS,
+    }
+    catalog.dispose()
