@@ -566,8 +566,8 @@ class Catalog:
         """Extend the leases of ``tokens`` by ``ttl_s``; returns the tokens still held."""
         return lease_rows.heartbeat(self, tokens, ttl_s)
 
-    def release_leases(self, tokens: list[str]) -> int:
-        """Release the leases of ``tokens`` (those still held); returns how many."""
+    def release_leases(self, tokens: list[str]) -> set[str]:
+        """Release the leases of ``tokens`` (those still held); returns the tokens released."""
         return lease_rows.release(self, tokens)
 
     def leases(

@@ -159,10 +159,11 @@ def heartbeat(catalog: Sessions, tokens: list[str], ttl_s: float) -> set[str]:
         return {row.token for row in rows}
 
 
-def release(catalog: Sessions, tokens: list[str]) -> int:
-    """Delete the leases of ``tokens`` (those still ours); return how many. Logs ``lease.released``."""
+def release(catalog: Sessions, tokens: list[str]) -> set[str]:
+    """Delete the leases of ``tokens`` (those still ours); return the tokens released (one missing
+    from the answer was taken over, or released, by someone else). Logs ``lease.released``."""
     if not tokens:
-        return 0
+        return set()
     now = utcnow()
     with catalog.write_session() as session:
         rows = session.exec(locked(select(Lease).where(col(Lease.token).in_(tokens)))).all()
@@ -170,7 +171,7 @@ def release(catalog: Sessions, tokens: list[str]) -> int:
             held_s = round((now - row.acquired_at).total_seconds(), 3)
             log_event(session, "lease.released", row.run, row.step, now, **_detail(row), held_s=held_s)
             session.delete(row)
-        return len(rows)
+        return {row.token for row in rows}
 
 
 def leases(

@@ -33,7 +33,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -77,18 +77,24 @@ class HeldLeases:
     granted: dict[LeaseKey, LeaseGrant] = field(default_factory=dict)
     refused: dict[LeaseKey, LeaseRefusal] = field(default_factory=dict)
     lost: set[LeaseKey] = field(default_factory=set)
+    released: set[LeaseKey] = field(default_factory=set)  # given back early, by release_checked
     beats: int = 0  # heartbeats that reached the catalog
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def holds(self, key: LeaseKey) -> bool:
         with self._lock:
-            return key in self.granted and key not in self.lost
+            return key in self.granted and key not in self.lost and key not in self.released
+
+    def _live_tokens(self) -> dict[str, LeaseKey]:
+        with self._lock:
+            return {
+                g.token: k for k, g in self.granted.items() if k not in self.lost and k not in self.released
+            }
 
     def beat(self) -> None:
         """Extend every granted lease now; those found taken over join ``lost``. Raises on a
         catalog error (the background thread logs it and tries again)."""
-        with self._lock:
-            tokens = {g.token: k for k, g in self.granted.items() if k not in self.lost}
+        tokens = self._live_tokens()
         if not tokens:
             return
         still = self.catalog.heartbeat_leases(list(tokens), self.ttl_s)
@@ -109,6 +115,24 @@ class HeldLeases:
             raise LeaseLost(
                 f"the lease on {', '.join(lost)} was taken over by another writer (this process did not "
                 f"heartbeat within {self.ttl_s:g} s); not committing"
+            )
+
+    def release_checked(self) -> None:
+        """Release every lease still held now, in one catalog transaction, and raise
+        :class:`LeaseLost` if any had been taken over meanwhile: :meth:`check` and the release at
+        the end of :func:`hold` in one write, for work whose last step needs no lease."""
+        tokens = self._live_tokens()
+        if not tokens:
+            return
+        gone = set(tokens) - self.catalog.release_leases(list(tokens))
+        with self._lock:
+            self.released.update(k for t, k in tokens.items() if t not in gone)
+            self.lost.update(tokens[t] for t in gone)
+            lost = sorted(str(k) for k in self.lost)
+        if lost:
+            raise LeaseLost(
+                f"the lease on {', '.join(lost)} was taken over by another writer (this process did not "
+                f"heartbeat within {self.ttl_s:g} s)"
             )
 
     def describe_refused(self) -> str:
@@ -163,6 +187,8 @@ def hold(
     ttl_s: float,
     *,
     wait_s: float = 0.0,
+    first_poll_s: float = WAIT_FIRST_POLL_S,
+    until: Callable[[], bool] | None = None,
     work_uri: str | None = None,
     force: bool = False,
 ) -> Iterator[HeldLeases]:
@@ -170,7 +196,9 @@ def hold(
 
     Keys held by others are in ``refused`` (the block runs anyway: the caller skips what it could
     not get). ``wait_s`` > 0: keep trying the refused ones for up to that long first (a bounded
-    wait). ``force``: take over even live leases. Raises whatever the catalog raises on acquiring.
+    wait), the first time after ``first_poll_s``, then twice as late each time up to a second;
+    ``until``: stop waiting as soon as it returns True (the holder's work is visible: nothing left
+    to do). ``force``: take over even live leases. Raises whatever the catalog raises on acquiring.
     """
     wanted = list(dict.fromkeys(keys))
     held = HeldLeases(catalog, ttl_s)
@@ -180,12 +208,14 @@ def hold(
     try:
         _acquire_all(held, wanted, purpose, holder, work_uri, force)
         deadline = time.monotonic() + wait_s
-        pause = WAIT_FIRST_POLL_S
+        pause = first_poll_s
         while held.refused and time.monotonic() < deadline:
             # Short at first: the usual holder is about to finish (the other node publishing the
             # same step, a few catalog writes); then backing off to one catalog read a second.
             time.sleep(min(pause, ttl_s / 8, max(0.01, deadline - time.monotonic())))
             pause = min(2 * pause, WAIT_MAX_POLL_S)
+            if until is not None and until():
+                break
             _acquire_all(held, list(held.refused), purpose, holder, work_uri, force)
         if held.granted:
             thread = threading.Thread(
@@ -197,7 +227,7 @@ def hold(
         stop.set()
         if thread is not None:
             thread.join(timeout=30)
-        tokens = [g.token for k, g in held.granted.items() if k not in held.lost]
+        tokens = list(held._live_tokens())
         if tokens:
             try:
                 catalog.release_leases(tokens)

@@ -29,10 +29,10 @@ def test_a_live_lease_is_refused_naming_its_holder_and_released_only_by_its_toke
     assert refused.holder == "writer A" and refused.purpose == "test"
     assert "held by writer A until" in str(refused)
     assert isinstance(_take(catalog, "writer B", key=LeaseKey("run-a", 10, "cold", "part-1")), LeaseGrant)
-    assert catalog.release_leases(["not-a-token"]) == 0
+    assert catalog.release_leases(["not-a-token"]) == set()
     rows = {r.part: r for r in catalog.leases("run-a", 10, "cold")}
     assert sorted(rows) == ["all", "part-1"] and rows["all"].work_uri == "s3://b/run-a/step-10"
-    assert catalog.release_leases([first.token]) == 1
+    assert catalog.release_leases([first.token]) == {first.token}
     assert isinstance(_take(catalog, "writer B"), LeaseGrant)
     kinds = [e.kind for e in reversed(catalog.events("run-a"))]
     assert kinds == ["lease.acquired"] * 2 + ["lease.released", "lease.acquired"]
@@ -47,7 +47,7 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_loses_it(catalog: Cat
     assert isinstance(new, LeaseGrant) and new.token != old.token
     assert new.previous == "writer A" and new.previous_work_uri == "/warm/run-a/step-10.partial-in-x"
     assert catalog.heartbeat_leases([old.token], 30) == set()  # the old holder finds out
-    assert catalog.release_leases([old.token]) == 0  # and cannot release the new holder's lease
+    assert catalog.release_leases([old.token]) == set()  # and cannot release the new holder's lease
     assert isinstance(_take(catalog, "writer C"), LeaseRefusal)
     (taken,) = [e for e in catalog.events("run-a") if e.kind == "lease.taken_over"]
     assert taken.detail["holder"] == "writer A" and taken.detail["new_holder"] == "writer B"
@@ -123,3 +123,31 @@ def test_check_raises_once_another_writer_took_the_lease(catalog: Catalog) -> No
     # The new holder's lease survives the old holder's exit.
     (row,) = catalog.leases()
     assert row.holder == "a restore"
+
+
+def test_a_wait_ends_as_soon_as_the_holders_work_is_visible(catalog: Catalog) -> None:
+    other = _take(catalog, "the node publishing first")
+    assert isinstance(other, LeaseGrant)
+    done = threading.Event()
+    threading.Timer(0.3, done.set).start()  # the holder's manifest appears; its lease is still held
+    started = time.monotonic()
+    with hold(catalog, [KEY], "publish", ttl_s=30, wait_s=20, first_poll_s=0.01, until=done.is_set) as held:
+        assert KEY in held.refused and not held.granted
+    assert time.monotonic() - started < 5.0  # not the 20 s wait: stopped once there was nothing to do
+    catalog.release_leases([other.token])
+
+
+def test_release_checked_gives_back_in_one_write_and_names_a_lease_taken_over(catalog: Catalog) -> None:
+    second = LeaseKey(KEY.run, KEY.step, KEY.tier, "part-1")
+    with hold(catalog, [KEY, second], "promote", ttl_s=30) as held:
+        held.release_checked()
+        assert catalog.leases() == [] and not held.holds(KEY) and not held.holds(second)
+        held.release_checked()  # nothing left to give back: no error
+    with hold(catalog, [KEY, second], "promote", ttl_s=30) as held:
+        assert isinstance(_take(catalog, "a restore", force=True), LeaseGrant)  # KEY taken over
+        with pytest.raises(LeaseLost, match=f"lease on {KEY} was taken over"):
+            held.release_checked()
+        assert not held.holds(second)  # given back all the same
+    # The new holder's lease survives both the release and the block's exit.
+    (row,) = catalog.leases()
+    assert row.holder == "a restore" and row.part == KEY.part
