@@ -33,7 +33,7 @@ from ckptflow.storage.tier import Tier, TierError
 from ckptflow.tasks.catalog_tasks import checkpoint_id_of, move_replica, replica_states
 from ckptflow.tasks.data_time import DataTime
 from ckptflow.tasks.leases import hold
-from ckptflow.tasks.part_catch_up import ask_for_catch_up
+from ckptflow.tasks.part_catch_up import RunLookup, ask_for_catch_up, prefetch_run_lookup
 from ckptflow.tasks.part_ops import (
     NodeHolding,
     NotOnThisNode,
@@ -49,6 +49,7 @@ from ckptflow.tasks.replica_tasks import commit_replica, copy_batch
 from ckptflow.tasks.tiers import batches_of, load
 
 PART_THREADS = 8
+PUBLISH_FIRST_POLL_S = 0.01  # a refused publish lease is asked for again after this (then doubling)
 
 
 class PartPromotionError(RuntimeError):
@@ -112,7 +113,7 @@ class _PartJob:
 
     def promote(self) -> dict[str, Any]:
         logger = get_run_logger()
-        run, step, target, host = self.row["run"], self.row["step"], self.row["tier"], self.row["node"]
+        run, step, target = self.row["run"], self.row["step"], self.row["tier"]
         self.checkpoint_id = checkpoint_id_of(self.catalog, self.hot_run_dir, run, step)
         if replica_states(self.catalog, self.checkpoint_id).get(target) == "deleted":
             # Retention removed this tier's copy while hot still holds it: copying it back would undo
@@ -135,9 +136,9 @@ class _PartJob:
                 logger.info("%s step %d: every part this node holds is being copied elsewhere", run, step)
                 return self._done("in progress elsewhere", holders=holders, detail=held.describe_refused())
             mine = [p for part, paths in by_part.items() if held.holds(keys[part]) for p in paths]
-            copied = self._copy(mine)
-            held.check()  # still ours: no other copier wrote these parts meanwhile
-        parts = record_node_parts(self.catalog, run, step, host, self.holding)
+            copied, parts, lookup = self._copy(mine, plan)
+            # Still ours (no other copier wrote these parts meanwhile), and given back, in one write.
+            held.release_checked()
         self.row.update(
             files=sum(c["files"] for c in copied),
             bytes=sum(c["bytes"] for c in copied),
@@ -147,36 +148,47 @@ class _PartJob:
         )
         lacking = self.tier.missing_files(self.holding.manifest)
         if lacking:
-            return {**self._waiting(lacking), **self.data.as_row()}
+            return {**self._waiting(lacking, lookup), **self.data.as_row()}
         return self._publish()
 
-    def _copy(self, paths: list[str]) -> list[dict[str, Any]]:
+    def _copy(self, paths: list[str], plan: PartPlan) -> tuple[list[dict[str, Any]], list[int], RunLookup]:
         """Copy this node's files ``paths`` to the tier, each copy's bytes checked against the
         manifest's CRC as it is made (a file that does not match is never left on the tier): no
-        separate re-hash pass reads the part a second time."""
+        separate re-hash pass reads the part a second time.
+
+        While the batches copy, this thread does the bookkeeping that does not wait for them: the
+        tier's replica to COPYING, this node's parts in the catalog, and the Prefect look-up of the
+        runs of the nodes it will wait for (:func:`prefetch_run_lookup`). Returns the batches'
+        rows, the parts this node holds, and that look-up."""
         run, step, target, host = self.row["run"], self.row["step"], self.row["tier"], self.row["node"]
-        batches = batches_of(self.holding.manifest, paths, batch_count(self.config))
-        move_replica(self.catalog, self.checkpoint_id, target, "copying", uri=self.tier.uri(run, step))
+        manifest = self.holding.manifest
+        batches = batches_of(manifest, paths, batch_count(self.config))
         with task_runner_for(self.config, threads=PART_THREADS) as runner:
             futures = [
                 submit(runner, copy_batch, self.config_path, run, step, target, b, i)
                 for i, b in enumerate(batches)
             ]
             copied, failed = [], []
-            for future in futures:  # every batch ends before the error: none is left writing
-                try:
-                    copied.append(future.result())
-                except TierError as exc:
-                    failed.append(exc)
+            try:
+                uri = self.tier.uri(run, step)
+                move_replica(self.catalog, self.checkpoint_id, target, "copying", uri=uri)
+                parts = record_node_parts(self.catalog, run, step, host, self.holding)
+                lookup = prefetch_run_lookup(manifest, plan.waiting_for, host)
+            finally:
+                for future in futures:  # every batch ends before any error: none is left writing
+                    try:
+                        copied.append(future.result())
+                    except TierError as exc:
+                        failed.append(exc)
         if failed:
             raise PartPromotionError(
                 f"node {host}: its part of {run} step {step} could not be copied to {target}: {failed[0]}"
                 + (f" (and {len(failed) - 1} more failed batches)" if len(failed) > 1 else "")
             ) from failed[0]
         self.data.add_parallel("copy", (c["seconds"] for c in copied))
-        return copied
+        return copied, parts, lookup
 
-    def _waiting(self, lacking: list[str]) -> dict[str, Any]:
+    def _waiting(self, lacking: list[str], lookup: RunLookup) -> dict[str, Any]:
         """The tier still lacks ``lacking``, other nodes' parts (or parts another copier holds):
         say whose."""
         run, step, target, host = self.row["run"], self.row["step"], self.row["tier"], self.row["node"]
@@ -188,7 +200,9 @@ class _PartJob:
         logger.info("%s step %d: node %s copied its part to %s; %s", run, step, host, target, reason)
         # In case a waited-for node's own run was lost (Prefect drops an automation action that
         # failed): one scheduled run on each of the last few (tasks/part_catch_up.py).
-        asked = ask_for_catch_up(self.holding.manifest, lacking, self.config.promote.catch_up_after_s, host)
+        asked = ask_for_catch_up(
+            self.holding.manifest, lacking, self.config.promote.catch_up_after_s, host, lookup
+        )
         if asked:
             logger.info(
                 "%s step %d: asked %s to promote their parts in %.0f s if still needed",
@@ -206,15 +220,31 @@ class _PartJob:
     def _publish(self) -> dict[str, Any]:
         """Every file arrived: publish the tier's copy (manifest last) under the replica's lease,
         which the last two nodes to finish may both want: the second waits a bounded time
-        (``2 * ttl_s``: a publisher that died loses its lease within one) and finds the step
+        (``2 * ttl_s``: a publisher that died loses its lease within one) until the step is
         published, or publishes it."""
         run, step, target, host = self.row["run"], self.row["step"], self.row["tier"], self.row["node"]
         logger = get_run_logger()
         ttl_s = self.config.promote.lease_ttl_s
         key = LeaseKey(run, step, target)
+
+        def published() -> bool:
+            return self.tier.read_manifest(run, step) is not None
+
+        # The holder is usually a node that finished at the same moment and needs a few
+        # milliseconds (a manifest and two fsyncs): look again soon, and stop as soon as its
+        # manifest is there rather than wait for its lease.
         with hold(
-            self.catalog, [key], "publish", ttl_s, wait_s=2 * ttl_s, work_uri=self.tier.uri(run, step)
+            self.catalog,
+            [key],
+            "publish",
+            ttl_s,
+            wait_s=2 * ttl_s,
+            first_poll_s=PUBLISH_FIRST_POLL_S,
+            until=published,
+            work_uri=self.tier.uri(run, step),
         ) as held:
+            if published():
+                return self._done("already published", **self.data.as_row())
             if not held.holds(key):
                 logger.warning(
                     "%s step %d: not published by node %s: %s", run, step, host, held.describe_refused()
@@ -222,11 +252,10 @@ class _PartJob:
                 return self._done(
                     "publish in progress elsewhere", **self.data.as_row(), detail=held.describe_refused()
                 )
-            if self.tier.read_manifest(run, step) is not None:
-                return self._done("already published", **self.data.as_row())
-            held.check()
+            # No held.check() here: the lease was granted a moment ago, for ttl_s, and leases on a
+            # colder tier are never taken over before they expire (only restore forces, on hot).
             with self.data.measure("commit"):
                 uri = commit_replica.fn(self.config_path, run, step, target)
-        announce_published(run, step, target, host)
+            announce_published(run, step, target, host)
         logger.info("%s step %d: node %s completed and published it on %s (%s)", run, step, host, target, uri)
         return self._done("published", **self.data.as_row(), uri=uri)

@@ -8,19 +8,20 @@ failed (a ``run-deployment`` that a busy SQLite-backed server answered 503 is dr
 
 A node that copied its part and still waits for at most :data:`CATCH_UP_MAX_NODES` others looks,
 for each of them, for a ``promote-part`` run of the checkpoint on that node's deployment (one
-query). Only where there is none (or only failed ones) does it schedule one,
-``promote.catch_up_after_s`` later, which does the lost run's work on that node. Each such run's
-idempotency key names (run, step, save, node), so two nodes asking at once still make one. A node
-whose run is merely queued behind others is not given a second one: on a loaded cluster that
-would add work exactly where it is already late. The bound keeps the cost per checkpoint
-constant: only the last few nodes to finish ask (the first finishers of a 1,000-node job wait for
-hundreds of nodes that are merely slower), each for a few.
+query, made while its own copy runs: :func:`prefetch_run_lookup`). Only where there is none (or
+only failed ones) does it schedule one, ``promote.catch_up_after_s`` later, which does the lost
+run's work on that node. Each such run's idempotency key names (run, step, save, node), so two
+nodes asking at once still make one. A node whose run is merely queued behind others is not given
+a second one: on a loaded cluster that would add work exactly where it is already late. The bound
+keeps the cost per checkpoint constant: only the last few nodes to finish ask (the first finishers
+of a 1,000-node job wait for hundreds of nodes that are merely slower), each for a few.
 Nothing here raises: if Prefect cannot take the runs, housekeeping is still there (logged).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -73,43 +74,105 @@ def _made_at(manifest: Manifest) -> datetime:
     return made.replace(tzinfo=UTC) if made.tzinfo is None else made
 
 
-def ask_for_catch_up(manifest: Manifest, lacking: list[str], after_s: float, asking_host: str) -> list[str]:
+def waited_hosts(manifest: Manifest, lacking: list[str], asking_host: str) -> list[str]:
+    """The hosts of the nodes whose files ``lacking`` names, other than ``asking_host``; empty when
+    there are more than :data:`CATCH_UP_MAX_NODES` (the asking node is not among the last few)."""
+    hosts = [h for _, h in owners_of(manifest, lacking) if h is not None and h != asking_host]
+    return hosts if len(hosts) <= CATCH_UP_MAX_NODES else []
+
+
+@dataclass
+class RunLookup:
+    """What Prefect said about the ``promote-part`` runs of one checkpoint on some nodes' deployments."""
+
+    without_run: dict[str, Any] = field(default_factory=dict)  # host -> its deployment id: no live run
+    with_run: set[str] = field(default_factory=set)  # hosts whose deployment has a live run
+    failed: dict[str, str] = field(default_factory=dict)  # host -> why Prefect could not answer
+
+    def covers(self, host: str) -> bool:
+        return host in self.without_run or host in self.with_run or host in self.failed
+
+
+def look_up_runs(
+    client: Any, manifest: Manifest, hosts: list[str], into: RunLookup | None = None
+) -> RunLookup:
+    """For each of ``hosts`` not yet in ``into``: does its deployment have a live run of (run, step)?
+    Two small requests per host; an error is recorded on the host, never raised."""
+    found = into if into is not None else RunLookup()
+    for host in hosts:
+        if found.covers(host):
+            continue
+        try:
+            deployment = client.read_deployment_by_name(f"{PROMOTE_PART_FLOW}/{deployment_name(host)}")
+            if _has_a_run_for(client, deployment.id, manifest):
+                found.with_run.add(host)
+            else:
+                found.without_run[host] = deployment.id
+        except Exception as exc:  # noqa: BLE001 - housekeeping on that node is the fallback
+            found.failed[host] = f"{type(exc).__name__}: {exc}"
+    return found
+
+
+def prefetch_run_lookup(manifest: Manifest, waiting_for: list[str], asking_host: str) -> RunLookup:
+    """:func:`look_up_runs` for the nodes this node will wait for if nothing else arrives meanwhile
+    (those whose files the tier lacks and this node does not hold): done while this node's own copy
+    runs, so that a node left waiting afterwards only has to schedule what is missing. (A run that
+    fails between this look-up and the end of the copy is not seen: that node's housekeeping
+    promotes its part.)"""
+    from prefect import get_client  # noqa: PLC0415 - only inside a flow run
+
+    hosts = waited_hosts(manifest, waiting_for, asking_host)
+    if not hosts:
+        return RunLookup()
+    with get_client(sync_client=True) as client:
+        return look_up_runs(client, manifest, hosts)
+
+
+def ask_for_catch_up(
+    manifest: Manifest,
+    lacking: list[str],
+    after_s: float,
+    asking_host: str,
+    known: RunLookup | None = None,
+) -> list[str]:
     """Schedule a ``promote-part`` run, ``after_s`` from now, on the deployment of every node whose
     part ``lacking`` names and that has no run of the checkpoint, if at most
     :data:`CATCH_UP_MAX_NODES` nodes are waited for (and ``after_s`` > 0); returns the hosts given
-    a run (one Prefect did not take is logged)."""
+    a run (one Prefect did not take is logged). ``known``: what :func:`prefetch_run_lookup` found
+    earlier in this run (a host it does not cover is looked up now)."""
     from prefect import get_client  # noqa: PLC0415 - only inside a flow run
     from prefect.states import Scheduled  # noqa: PLC0415
 
-    hosts = [h for _, h in owners_of(manifest, lacking) if h is not None and h != asking_host]
-    if after_s <= 0 or not hosts or len(hosts) > CATCH_UP_MAX_NODES:
+    hosts = waited_hosts(manifest, lacking, asking_host)
+    if after_s <= 0 or not hosts:
         return []
     when = datetime.now(UTC) + timedelta(seconds=after_s)
     asked = []
     # One sync client for all of them: a few small requests per node, not run_deployment's set-up.
     with get_client(sync_client=True) as client:
+        lookup = look_up_runs(client, manifest, hosts, known)
         for host in hosts:
-            try:
-                deployment = client.read_deployment_by_name(f"{PROMOTE_PART_FLOW}/{deployment_name(host)}")
-                if _has_a_run_for(client, deployment.id, manifest):
-                    continue  # its run exists (maybe queued behind others): asking would only add one
-                client.create_flow_run_from_deployment(
-                    deployment.id,
-                    parameters={"run": manifest.run, "step": manifest.step, "node": host},
-                    state=Scheduled(scheduled_time=when),
-                    idempotency_key=idempotency_key(manifest, host),
-                    tags=["ckptflow", "catch-up"],
-                )
-            except Exception as exc:  # noqa: BLE001 - housekeeping on that node is the fallback
-                log.warning(
-                    "could not ask node %s to promote its part of %s step %d (%s: %s); its "
-                    "node-housekeeping will",
-                    host,
-                    manifest.run,
-                    manifest.step,
-                    type(exc).__name__,
-                    exc,
-                )
-                continue
-            asked.append(host)
+            if host in lookup.with_run:
+                continue  # its run exists (maybe queued behind others): asking would only add one
+            problem = lookup.failed.get(host)
+            if problem is None:
+                try:
+                    client.create_flow_run_from_deployment(
+                        lookup.without_run[host],
+                        parameters={"run": manifest.run, "step": manifest.step, "node": host},
+                        state=Scheduled(scheduled_time=when),
+                        idempotency_key=idempotency_key(manifest, host),
+                        tags=["ckptflow", "catch-up"],
+                    )
+                    asked.append(host)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - housekeeping on that node is the fallback
+                    problem = f"{type(exc).__name__}: {exc}"
+            log.warning(
+                "could not ask node %s to promote its part of %s step %d (%s); its node-housekeeping will",
+                host,
+                manifest.run,
+                manifest.step,
+                problem,
+            )
     return asked
