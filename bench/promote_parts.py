@@ -26,7 +26,7 @@ What is measured, per attempt (``--flow-repeats``, at least 5 for the figures; m
   directory. ``warm_vs_durable_copy`` = the promotion's data throughput over that copy's
   (sum of copy seconds / sum of data seconds). The two alternate which goes first.
 - ``staged_to_warm_s``: from the decision to the return of the flow function that published warm
-  (its manifest written last and renamed into place, the ``published`` event delivered), creating
+  (its manifest written last and renamed into place, the ``published`` event queued), creating
   the flow runs included (the agents' polling, seconds in a deployment, is not part of it).
 
 Both read the hot files from the page cache; dirty pages are flushed between attempts, outside the
@@ -462,7 +462,7 @@ def _attempts(
         parts = got["parts"]
         publish = next(p for p in parts if p.row["action"] == "published")
         # Warm is published when the publishing flow function returns (manifest renamed into place,
-        # the published event delivered); Prefect finishing its run after that delays nothing.
+        # the published event queued); Prefect finishing its run after that delays nothing.
         attempt = PartsAttempt(parts, got["durable"], publish.body_end_s, got["created_s"])
         attempts.append(attempt)
         last = parts

@@ -27,6 +27,7 @@ from prefect.task_runners import TaskRunner
 
 from ckptflow.catalog import Catalog, LeaseKey
 from ckptflow.flows.pinned import pinned_path
+from ckptflow.flows.results import in_memory_result
 from ckptflow.flows.runners import batch_count, submit, task_runner_for
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks.admission import decide_tiers
@@ -80,7 +81,7 @@ def _tier_steps(
 # Catalog writes are plain calls (.fn): a few milliseconds each, not worth a task run's overhead.
 # No task_runner here: the batch tasks go through task_runner_for(config), chosen per run from
 # ckptflow.yaml (a decorator's runner is fixed at import time, before the config is known).
-@flow(name="promote", log_prints=False)
+@flow(name="promote", log_prints=False, **in_memory_result())
 def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
     """Verify (run, step) on the first colder tier, then copy it to every colder one, verifying each."""
     check_run_name(run, "promote: parameter 'run'")  # first: the run comes from an event payload

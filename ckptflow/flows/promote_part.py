@@ -26,6 +26,7 @@ from prefect import flow, get_run_logger
 
 from ckptflow.catalog import Catalog, LeaseKey
 from ckptflow.flows.pinned import pinned_path
+from ckptflow.flows.results import in_memory_result
 from ckptflow.flows.runners import batch_count, submit, task_runner_for
 from ckptflow.policy.config import CkptflowConfig
 from ckptflow.storage.run_names import check_run_name
@@ -57,7 +58,7 @@ class PartPromotionError(RuntimeError):
     tier refused a write); the message names the node, the file and the cause."""
 
 
-@flow(name="promote-part", log_prints=False)
+@flow(name="promote-part", log_prints=False, **in_memory_result())
 def promote_part(run: str, step: int, config_path: str, node: str | None = None) -> dict[str, Any]:
     """Copy what this node holds of (run, step) to the first colder tier; publish it if complete."""
     check_run_name(run, "promote-part: parameter 'run'")  # first: the run comes from an event payload

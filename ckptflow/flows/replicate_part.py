@@ -18,6 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from ckptflow.catalog import Catalog
 from ckptflow.flows.pinned import pinned_path
+from ckptflow.flows.results import in_memory_result
 from ckptflow.peer import PeerSecret
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks import replication_ops
@@ -44,7 +45,7 @@ def push_to_peers(config_path: str, run: str, step: int, host: str) -> list[dict
     ]  # fmt: skip
 
 
-@flow(name="replicate-part", log_prints=False)
+@flow(name="replicate-part", log_prints=False, **in_memory_result())
 def replicate_part(run: str, step: int, config_path: str, node: str | None = None) -> dict[str, Any]:
     """Push this node's part of (run, step) to its peers; fail naming every peer that missed it."""
     check_run_name(run, "replicate-part: parameter 'run'")  # first: the run comes from an event payload

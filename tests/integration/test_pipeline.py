@@ -118,14 +118,12 @@ def test_staged_events_trigger_promotion_to_warm_and_cold(stack, tmp_path):
 
     # Per batch, never per file, and no re-verification pass for tiers that held no copy yet: the
     # node copies its part, each copy's bytes checked as it is made (one batch with threads),
-    # and announces the warm copy; the pipeline verifies warm, then copies, commits and verifies cold.
+    # and announces the warm copy (an event, no task); the pipeline verifies warm, then copies,
+    # commits and verifies cold.
     first_part = min(
         (r for r in part_runs if r.parameters["step"] == 20), key=lambda r: r.expected_start_time
     )
-    assert _task_runs_by_name(first_part.id) == {
-        "copy_batch": 1,
-        "announce_published": 1,
-    }
+    assert _task_runs_by_name(first_part.id) == {"copy_batch": 1}
     first = min((r for r in runs if r.parameters["step"] == 20), key=lambda r: r.expected_start_time)
     assert _task_runs_by_name(first.id) == {"copy_batch": 1, "commit_replica": 1, "verify_replica": 2}
 
