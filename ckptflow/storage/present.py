@@ -20,6 +20,8 @@ def split_by_presence(
     """(present, absent): the entries whose file is in ``directory`` at its manifest size, and the
     rest (missing, or of another size: a copy still being written under its final name)."""
     base = os.fspath(directory)
+    if not os.path.isdir(base):  # nothing copied there yet (a tier before a promotion): one stat
+        return [], list(entries)
     present, absent = [], []
     for entry in entries:
         try:
