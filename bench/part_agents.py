@@ -6,6 +6,13 @@ bench as the staged event's automation would create them. One process per node, 
 two nodes' flow runs never share one interpreter (threads of one process would make each node's
 Python work wait for the other's copy threads at the GIL, which real nodes never do).
 
+``process_per_run=True`` is what ``ckptflow agent`` does instead: Prefect's runner (``serve``)
+executes every flow run in a fresh process of its own (spawned: an interpreter that imports Prefect
+and ckptflow, then runs the flow), so nothing a run touches is warm: the config, the catalog's
+engine and schema check, SQLAlchemy's mappers and compiled statements, the manifest's parse. Each
+run then gets a new agent process, started before its run is handed over (the spawn and imports
+happen before Prefect records the run as RUNNING, as in the runner).
+
 An agent times each run with its own clock around the flow function (the body's start and end,
 inside the same process), and ``time.perf_counter`` is the system-wide monotonic clock, so the
 bench can place every node's run on one timeline from the moment the checkpoint was decided.
@@ -67,13 +74,23 @@ def _agent_main(conn: Connection) -> None:
 
 
 class NodeAgents:
-    """``n`` agent processes, started now (spawned: a fresh interpreter each, as a node has)."""
+    """``n`` agent processes, started now (spawned: a fresh interpreter each, as a node has);
+    ``process_per_run``: a new set for every run, as Prefect's runner spawns one per flow run."""
 
-    def __init__(self, n: int, ready_timeout_s: float = 120.0) -> None:
-        ctx = mp.get_context("spawn")
+    def __init__(self, n: int, ready_timeout_s: float = 120.0, process_per_run: bool = False) -> None:
+        self._n = n
+        self._ready_timeout_s = ready_timeout_s
+        self.process_per_run = process_per_run
+        self.spawn_s: list[float] = []  # process_per_run: seconds to spawn each run's processes
         self._conns: list[Connection] = []
         self._procs: list[Any] = []
-        for k in range(n):
+        self._start()
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self._conns, self._procs = [], []
+        ready_timeout_s = self._ready_timeout_s
+        for k in range(self._n):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_agent_main, args=(child,), name=f"bench-agent-{k}", daemon=True)
             proc.start()
@@ -87,7 +104,14 @@ class NodeAgents:
 
     def run(self, jobs: list[tuple[Any, dict[str, Any]]], parallel: bool) -> list[AgentRun]:
         """Node k's agent executes ``jobs[k]`` (a created flow run and its parameters): all at once,
-        or one node after another."""
+        or one node after another. ``process_per_run``: in new agent processes, spawned first
+        (their spawn is timed in ``spawn_s``, outside every run's timings, as the runner spawns a
+        run's process before the run starts)."""
+        if self.process_per_run:
+            started = time.perf_counter()
+            self.close()
+            self._start()
+            self.spawn_s.append(time.perf_counter() - started)
         if parallel:
             for conn, job in zip(self._conns, jobs, strict=True):
                 conn.send(job)

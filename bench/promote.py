@@ -5,6 +5,7 @@
     .venv/bin/python bench/promote.py --flow-mib 64   # the flow on 1,024 x 64 KiB (per-file costs dominate)
     .venv/bin/python bench/promote.py --quick    # smoke run, about two minutes (see --help)
     .venv/bin/python bench/promote.py --only-flow --nodes 2   # part 3 only (no S3)
+    .venv/bin/python bench/promote.py --only-flow --nodes 2 --process-per-run  # as `ckptflow agent` runs
     .venv/bin/python bench/promote.py --files 16 --mib 1024   # few big files (4 x 64 MiB to S3)
 
 Three measurements, each on a synthetic checkpoint with a real manifest (CRC64NVME per file),
@@ -40,8 +41,8 @@ with it, so its ratios are indicative only); a full run measures each part alone
 Absolute numbers are noisy on a shared 2-core machine; the ratios, measured side by side, are the
 result. The last line is machine-readable: ``warm_vs_copy=... cold_vs_boto3=...
 put_vs_durable_copy=... warm_vs_durable_copy=... overhead_frac=... caller_overhead_frac=...
-staged_to_warm_s=... overhead_spread=MIN..MAX nodes=N part_task_runs=...`` (the first three only
-without ``--only-flow``).
+staged_to_warm_s=... overhead_spread=MIN..MAX nodes=N process_per_run=0|1 part_task_runs=...`` (the
+first three only without ``--only-flow``).
 """
 
 from __future__ import annotations
@@ -417,6 +418,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="run the nodes' part flows (and their durable copies) one after another, not in parallel",
     )
     parser.add_argument(
+        "--process-per-run",
+        action="store_true",
+        help="execute every part flow run in a new process, as `ckptflow agent` (Prefect's serve) does, "
+        "not in each node's long-running agent process: nothing a run touches is warm",
+    )
+    parser.add_argument(
         "--only-flow", action="store_true", help="skip hops 1-2 (no S3, no central promote): part 3 only"
     )
     parser.add_argument(
@@ -515,7 +522,12 @@ def main(argv: list[str] | None = None) -> int:
         clock.say("waiting for the Prefect server (importing the flow meanwhile)")
         boot.wait()
         attempts, tasks, central = bench_parts(
-            nodes, manifest, args.flow_repeats, parallel=not args.serial_nodes, clock=clock
+            nodes,
+            manifest,
+            args.flow_repeats,
+            parallel=not args.serial_nodes,
+            clock=clock,
+            process_per_run=args.process_per_run,
         )
         clock.say("done")
     finally:
@@ -546,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     line = {k: sig3(v) for k, v in figures.items()}
     line["overhead_spread"] = f"{sig3(parts['overhead_frac_min'])}..{sig3(parts['overhead_frac_max'])}"
     line["nodes"] = str(args.nodes)
+    line["process_per_run"] = str(int(args.process_per_run))
     line["part_task_runs"] = str(n_tasks)
     print(" ".join(f"{k}={v}" for k, v in line.items()))
     return 0

@@ -7,7 +7,8 @@ coordinator records it at the decision. At the moment the checkpoint is decided 
 manifest written, what the ``staged`` event announces), one ``promote-part`` flow run per node is
 created on a real Prefect server (as the event's automation creates them for the nodes'
 deployments), then each node's agent (a process of its own, started before the attempts:
-:mod:`part_agents`) executes its own, with its own ``ckptflow.yaml`` (its hot root, the shared
+:mod:`part_agents`; ``--process-per-run``: a new one for every run, as ``ckptflow agent``'s
+Prefect runner spawns one) executes its own, with its own ``ckptflow.yaml`` (its hot root, the shared
 warm root, one catalog): all at once by default (``--serial-nodes``: one after another). Each copies
 its part to warm and the run that completes the set publishes it, once.
 
@@ -411,17 +412,29 @@ def recorded_spans(flow_run_ids: list[Any]) -> list[float]:
 
 
 def bench_parts(
-    stack: NodeStack, manifest: Manifest, repeats: int, parallel: bool, clock: Say
+    stack: NodeStack,
+    manifest: Manifest,
+    repeats: int,
+    parallel: bool,
+    clock: Say,
+    process_per_run: bool = False,
 ) -> tuple[list[PartsAttempt], dict[str, Counter[str]], Central | None]:
-    """``repeats`` attempts (promotion and durable copy alternating), then one central promote."""
+    """``repeats`` attempts (promotion and durable copy alternating), then one central promote.
+    ``process_per_run``: each part run in a new agent process (:class:`part_agents.NodeAgents`)."""
     n = len(stack.hosts)
-    seconds, agents = timed(lambda: NodeAgents(n))
+    seconds, agents = timed(lambda: NodeAgents(n, process_per_run=process_per_run))
     clock.say(
         f"  {n} node agent processes started: {seconds:.1f} s; {stack.copy_threads} copy threads per node"
+        + ("; a new process for every run, as Prefect's runner spawns one" if process_per_run else "")
     )
     try:
         return _attempts(stack, agents, manifest, repeats, parallel, clock)
     finally:
+        if agents.spawn_s:
+            clock.say(
+                f"  spawning each attempt's agent processes (before its runs, untimed): median "
+                f"{statistics.median(agents.spawn_s):.1f} s"
+            )
         agents.close()
 
 
