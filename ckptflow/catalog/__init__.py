@@ -30,7 +30,12 @@ from ckptflow.catalog.models import (
 from ckptflow.catalog.retention_rows import AuditFacts
 from ckptflow.catalog.rows import NotFound
 from ckptflow.catalog.sync import SyncReport, sync_from_root
-from ckptflow.catalog.transitions import CHECKPOINT_TRANSITIONS, REPLICA_TRANSITIONS, IllegalTransition
+from ckptflow.catalog.transitions import (
+    CHECKPOINT_TRANSITIONS,
+    PART_TRANSITIONS,
+    REPLICA_TRANSITIONS,
+    IllegalTransition,
+)
 
 __all__ = [
     "ALL_PARTS",
@@ -42,6 +47,7 @@ __all__ = [
     "DeletionPhase",
     "CHECKPOINT_TRANSITIONS",
     "LIVE_STATES",
+    "PART_TRANSITIONS",
     "REPLICA_TRANSITIONS",
     "STAGED_EVENT",
     "TIERS",

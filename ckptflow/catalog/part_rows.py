@@ -9,7 +9,7 @@ from sqlmodel import Session, select
 
 from ckptflow.catalog.models import Checkpoint, PartReplica, ReplicaState
 from ckptflow.catalog.rows import locked, log_event
-from ckptflow.catalog.transitions import REPLICA_TRANSITIONS, IllegalTransition
+from ckptflow.catalog.transitions import PART_TRANSITIONS, IllegalTransition
 
 
 def lock_part(session: Session, checkpoint_id: int, part: int, holder: str) -> PartReplica | None:
@@ -52,13 +52,13 @@ def set_part(
         from_state = None
     else:
         from_state = row.state
-        if row.state != state and state not in REPLICA_TRANSITIONS[row.state]:
+        if row.state != state and state not in PART_TRANSITIONS[row.state]:
             raise IllegalTransition(
                 "part replica",
                 f"part {part} of checkpoint id {cp.id} on {holder}",
                 row.state,
                 state,
-                sorted(REPLICA_TRANSITIONS[row.state]),
+                sorted(PART_TRANSITIONS[row.state]),
             )
         row.state, row.updated_at = state, now
         row.uri = uri or row.uri

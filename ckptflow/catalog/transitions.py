@@ -36,6 +36,15 @@ REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
     _R.DELETED: frozenset(),
 }
 
+# A node's copy of a part (its own, or a peer's replica) may be made again where one was removed:
+# a restore fetches a part back onto a node whose hot retention deleted it, a peer receives a part
+# again after pruning it. That is a new copy on that disk, so DELETED is not final here; a tier's
+# replica stays deleted (retention's decision; copying it back would undo it).
+PART_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
+    **REPLICA_TRANSITIONS,
+    _R.DELETED: frozenset({_R.READY}),
+}
+
 
 class IllegalTransition(ValueError):
     """A state change the state machine forbids; names the entity, which one, and both states."""

@@ -43,6 +43,7 @@ class PeerCopy:
     bytes: int = 0
     seconds: float = 0.0
     pruned: list[int] | None = None  # older steps of this part removed from the peer
+    superseded_by: list[int] | None = None  # not sent: the peer holds these newer steps of the part
     error: str | None = None
 
 
@@ -94,7 +95,17 @@ def replicate(
                 )
                 continue
             _push(copy, holding, secret, repl.timeout_s, repl.retries, bucket)
-            if copy.error is None:
+            if copy.superseded_by:
+                log.info(
+                    "part %d of %s step %d not sent to %s: it holds the newer steps %s, and would prune "
+                    "this one at once",
+                    part,
+                    manifest.run,
+                    manifest.step,
+                    peer,
+                    copy.superseded_by,
+                )
+            elif copy.error is None:
                 _record(catalog, holding, copy)
     failed = [c for c in copies if c.error]
     for c in failed:
@@ -122,28 +133,40 @@ def _push(
     retries: int,
     bucket: TokenBucket | None,
 ) -> None:
+    """Push the part to the peer, unless the peer already holds ``KEEP_STEPS`` newer steps of it (a
+    late run: the copy would be pruned the moment it arrived); then prune the peer's older ones."""
     manifest = holding.manifest
     part_id = PartId.of(manifest, copy.part)
     started = time.perf_counter()
     try:
         with PeerClient(copy.url, secret, timeout_s=timeout_s, retries=retries) as client:
+            held = _peer_steps(client, manifest.run, part_id)
+            newer = [s for s in held if s > manifest.step][-KEEP_STEPS:]
+            if len(newer) >= KEEP_STEPS:
+                copy.superseded_by = newer
+                return
             pushed = client.push_part(holding.directory, manifest, copy.part, bucket=bucket)
             copy.files, copy.bytes = pushed.files_sent, pushed.bytes_sent
-            copy.pruned = _prune(client, manifest.run, part_id)
+            copy.pruned = _prune(client, manifest.run, part_id, held + [manifest.step])
     except PeerError as exc:
         copy.error = f"{type(exc).__name__}: {exc}"
-    copy.seconds = time.perf_counter() - started
+    finally:
+        copy.seconds = time.perf_counter() - started
 
 
-def _prune(client: PeerClient, run: str, part_id: PartId) -> list[int]:
-    """Remove the peer's copies of ``part_id`` older than its newest ``KEEP_STEPS`` (only replicas
-    it received, never its own parts)."""
-    held = sorted(
-        (r.step for r in client.list_replicas(run) if r.source == "peer" and r.part == part_id.name),
-        reverse=True,
+def _peer_steps(client: PeerClient, run: str, part_id: PartId) -> list[int]:
+    """The steps of ``part_id`` the peer holds as replicas it received (never its own parts), oldest
+    first."""
+    return sorted(
+        {r.step for r in client.list_replicas(run) if r.source == "peer" and r.part == part_id.name}
     )
+
+
+def _prune(client: PeerClient, run: str, part_id: PartId, held: list[int]) -> list[int]:
+    """Remove the peer's copies of ``part_id`` older than its newest ``KEEP_STEPS`` (``held``: the
+    steps it holds, from :func:`_peer_steps`, and the one just sent)."""
     pruned = []
-    for step in held[KEEP_STEPS:]:
+    for step in sorted(set(held), reverse=True)[KEEP_STEPS:]:
         if client.delete_replica(run, step, part_id):
             pruned.append(step)
     return pruned

@@ -13,6 +13,7 @@ import pytest
 
 from ckptflow.catalog import (
     CHECKPOINT_TRANSITIONS,
+    PART_TRANSITIONS,
     REPLICA_TRANSITIONS,
     STAGED_EVENT,
     Catalog,
@@ -55,6 +56,10 @@ EXPECTED_REPLICA = {
 def test_transition_tables_are_the_designed_ones():
     assert {(a, b) for a, tos in CHECKPOINT_TRANSITIONS.items() for b in tos} == EXPECTED_CHECKPOINT
     assert {(a, b) for a, tos in REPLICA_TRANSITIONS.items() for b in tos} == EXPECTED_REPLICA
+    # A node's copy of a part can be made again where one was removed; a tier's replica cannot.
+    assert {(a, b) for a, tos in PART_TRANSITIONS.items() for b in tos} == EXPECTED_REPLICA | {
+        (R.DELETED, R.READY)
+    }
 
 
 def _cp(state: CheckpointState) -> Checkpoint:
@@ -399,3 +404,16 @@ def test_a_sqlite_catalog_connection_is_wal_without_an_fsync_per_commit(tmp_path
         "busy_timeout": SQLITE_BUSY_TIMEOUT_MS,
     }
     catalog.dispose()
+
+
+def test_a_part_copy_made_again_where_one_was_removed_is_ready_again(catalog):
+    """A peer pruned its replica of part 0 of step 5 (deleted); a late push sends it again: the
+    catalog records the new copy, and says where it came from."""
+    catalog.record_writing("r", 5, "s5", world_size=2)
+    catalog.record_parts("r", 5, [(0, "host-b", "host-b:/hot/r/step-5", 10)])
+    catalog.record_parts("r", 5, [(0, "host-b", "host-b:/hot/r/step-5", 0)], ReplicaState.DELETED)
+    catalog.record_parts("r", 5, [(0, "host-b", "host-b:/hot/r/step-5", 10)], ReplicaState.READY)
+    (part,) = catalog.parts(catalog.checkpoints("r")[0].id)
+    assert (part.state, part.bytes) == (R.READY, 10)
+    moves = [(e.detail["from"], e.detail["to"]) for e in catalog.events("r") if e.kind == "part.ready"]
+    assert ("deleted", "ready") in moves

@@ -1,0 +1,90 @@
+"""A late replicate-part run (the agents run behind training): a peer that already holds newer
+copies of the part is not sent one it would prune on arrival, and a copy sent again where the peer
+pruned one is recorded as a new copy, not refused as an illegal deleted -> ready transition (the
+demo's replicate-part failure). A real peer server on 127.0.0.1, real files, one SQLite catalog;
+node 0's and the peer's hot roots are separate directories, and node 0 reads only its own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from peer_parts import RUN, SECRET, make_checkpoint
+
+from ckptflow.catalog import Catalog, ReplicaState
+from ckptflow.peer import PartId, PeerClient, PeerSecret, PeerServer, replica_dir
+from ckptflow.policy.config import load_config
+from ckptflow.storage.posix_tier import PosixTier
+from ckptflow.tasks.part_ops import node_holding
+from ckptflow.tasks.replication_ops import replicate
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[dict]:
+    own_hot, peer_hot = tmp_path / "host-0" / "hot", tmp_path / "host-1" / "hot"
+    own_hot.mkdir(parents=True)
+    peer_hot.mkdir(parents=True)
+    config_path = tmp_path / "host-0" / "ckptflow.yaml"
+    config_path.write_text(
+        yaml.safe_dump(
+            {
+                "catalog": f"sqlite:///{tmp_path / 'catalog.db'}",
+                "tiers": {"hot": {"kind": "posix", "root": str(own_hot)}},
+                "replication": {"factor": 2, "secret_env": "CKPTFLOW_TEST_UNUSED_SECRET"},
+            }
+        )
+    )
+    catalog = Catalog.open(f"sqlite:///{tmp_path / 'catalog.db'}")
+    with PeerServer(peer_hot, SECRET) as server:
+        catalog.register_peer("host-1", server.url)
+        yield {"config": load_config(str(config_path)), "catalog": catalog, "own": own_hot, "peer": peer_hot}
+    catalog.dispose()
+
+
+def _save(world: dict, step: int):
+    ckpt = make_checkpoint(nodes=2, files_per_node=1, size=64 << 10, step=step)
+    ckpt.write_node(world["own"], 0)
+    world["catalog"].record_writing(RUN, step, ckpt.manifest.save_id, ckpt.manifest.world_size)
+    return ckpt
+
+
+def _replicate(world: dict, step: int):
+    holding = node_holding(PosixTier("hot", world["own"]), RUN, step)
+    (copy,) = replicate(world["config"], world["catalog"], holding, "host-0", PeerSecret(SECRET))
+    return copy
+
+
+def _peer_copy_state(world: dict, step: int) -> ReplicaState:
+    catalog = world["catalog"]
+    checkpoint = next(c for c in catalog.checkpoints(RUN) if c.step == step)
+    (row,) = [p for p in catalog.parts(checkpoint.id) if p.holder == "host-1"]
+    return row.state
+
+
+def test_a_late_push_is_skipped_where_the_peer_holds_newer_copies_and_resent_where_it_does_not(world):
+    for step in (1, 2, 3):
+        _save(world, step)
+        copy = _replicate(world, step)
+        assert copy.error is None and copy.files > 0
+    part = PartId(0, 2)
+    assert copy.pruned == [1]  # the peer keeps the newest two
+    assert not replica_dir(world["peer"], RUN, 1, part).exists()
+    assert _peer_copy_state(world, 1) == ReplicaState.DELETED
+
+    # Step 1's run comes late: the peer holds 2 and 3 and would prune it at once. Nothing is sent.
+    late = _replicate(world, 1)
+    assert (late.error, late.files, late.superseded_by) == (None, 0, [2, 3])
+    assert not replica_dir(world["peer"], RUN, 1, part).exists()
+    assert _peer_copy_state(world, 1) == ReplicaState.DELETED
+
+    # The peer lost its copy of step 3: step 1 is among its newest two again, so it is sent, and
+    # the catalog records the new copy where the pruned one was (deleted -> ready).
+    with PeerClient(world["catalog"].peer_endpoints()["host-1"], PeerSecret(SECRET)) as c:
+        assert c.delete_replica(RUN, 3, part)
+    again = _replicate(world, 1)
+    assert again.error is None and again.files > 0 and again.superseded_by is None
+    assert again.pruned == []
+    assert replica_dir(world["peer"], RUN, 1, part).is_dir()
+    assert _peer_copy_state(world, 1) == ReplicaState.READY
