@@ -506,7 +506,14 @@ def test_stale_partial_receives_are_cleaned_and_live_ones_kept(
         push_part(
             owner_dir(tmp_path, ckpt), ckpt.manifest, 1, server.url, SECRET, progress=cut_after(1 << 19)
         )
-    wait_for(lambda: not any(p.name.startswith(RECV_PREFIX) for p in peer_hot.rglob("*")))
+    # The server lets go of the receive once it sees the sender gone: its temporary file removed
+    # and its writer lock released (on a loaded machine the lock goes a moment after the file).
+    partials = list(peer_hot.rglob("*.partial-recv-*"))
+    assert len(partials) == 1, sorted(str(p) for p in peer_hot.rglob("*"))
+    wait_for(
+        lambda: not any(p.name.startswith(RECV_PREFIX) for p in peer_hot.rglob("*"))
+        and not any(layout.someone_writes(p) for p in partials)
+    )
     assert server.store.cleanup_stale(older_than_s=3600) == []  # young: a sender may come back
     removed = server.store.cleanup_stale(older_than_s=0)
     assert len(removed) == 1 and ".partial-recv-" in removed[0] and not Path(removed[0]).exists()
