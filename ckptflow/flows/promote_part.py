@@ -174,7 +174,8 @@ class _PartJob:
                 uri = self.tier.uri(run, step)
                 move_replica(self.catalog, self.checkpoint_id, target, "copying", uri=uri)
                 parts = record_node_parts(self.catalog, run, step, host, self.holding)
-                lookup = prefetch_run_lookup(manifest, plan.waiting_for, host)
+                catching_up = self.config.promote.catch_up_after_s > 0
+                lookup = prefetch_run_lookup(manifest, plan.waiting_for, host) if catching_up else RunLookup()
             finally:
                 for future in futures:  # every batch ends before any error: none is left writing
                     try:
