@@ -31,8 +31,9 @@ from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
 from ckptflow.policy.config import load_config
 from ckptflow.storage import layout
+from ckptflow.storage.event_schema import STAGED_EVENT, node_resources
 from ckptflow.storage.from_config import build_tiers
-from ckptflow.storage.manifest import MANIFEST_NAME, finite_metrics, parse_manifest
+from ckptflow.storage.manifest import MANIFEST_NAME, Manifest, finite_metrics, parse_manifest
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.tier import Tier
 from ckptflow.training_hooks import nodes, ranks
@@ -40,7 +41,7 @@ from ckptflow.training_hooks.cadence import Cadence, CadenceMode
 from ckptflow.training_hooks.catalog_client import CatalogHandle
 from ckptflow.training_hooks.commit_record import committed_record, save_time_hosts
 from ckptflow.training_hooks.coord_store import CoordinationStore, open_store
-from ckptflow.training_hooks.events import EventPoster
+from ckptflow.training_hooks.events import EventPoster, build_event
 from ckptflow.training_hooks.loaders import check_loaders
 from ckptflow.training_hooks.node_planner import NodeLocalSavePlanner
 from ckptflow.training_hooks.nodes import Topology
@@ -318,6 +319,8 @@ class Checkpointer:
             fetched = report.fetched_files > 0
             self._record_restored_commit(report)
             self._catalog.call("record_verified", self.run, step, str(report.path) if fetched else None)
+        if report.path is not None and report.fetched_hosts and self._events is not None:
+            self._announce_again(report)
         self.stats.restore = report
         self.cadence.record_save(step)
         log.info("%s", report.describe())
@@ -375,15 +378,48 @@ class Checkpointer:
         catalog = self._catalog
         return lambda: None if not tokens else catalog.call("release_leases", tokens)
 
+    def _restored_record(self, report: RestoreReport) -> tuple[Manifest, dict[str, Any]]:
+        """The restored step's manifest and its commit record (as the save made them)."""
+        assert report.manifest is not None and report.path is not None
+        manifest = parse_manifest(report.manifest, where=str(report.path / MANIFEST_NAME))
+        hosts = save_time_hosts(manifest, self.topology.host)
+        return manifest, committed_record(manifest, report.manifest, str(report.path), hosts)
+
     def _record_restored_commit(self, report: RestoreReport) -> None:
         """The restored step is committed (its manifest just verified): the catalog records the
         commit, as the save would have, if the process that saved it died before it could (a
         no-op for a row already committed or verified)."""
-        assert self._catalog is not None and report.manifest is not None and report.path is not None
-        manifest = parse_manifest(report.manifest, where=str(report.path / MANIFEST_NAME))
-        hosts = save_time_hosts(manifest, self.topology.host)
-        record = committed_record(manifest, report.manifest, str(report.path), hosts)
+        assert self._catalog is not None
+        manifest, record = self._restored_record(report)
         self._catalog.call("record_committed", self.run, manifest.step, manifest.save_id, **record)
+
+    def _announce_again(self, report: RestoreReport) -> None:
+        """Announce the restored checkpoint as staged once more, in the background: this restore
+        wrote parts back onto the disks of ``report.fetched_hosts`` (a replacement node, a node
+        that lost files), which their agents then promote and replicate at once rather than at
+        their next housekeeping (the first announcement fired before those disks held anything).
+        An event of its own (its id names this restore: Prefect drops a repeated id); nodes whose
+        part is already on warm find nothing to do. Not delivered, it is only logged: each node's
+        housekeeping still promotes what it holds."""
+        assert self._events is not None
+        manifest, record = self._restored_record(report)
+        payload = {**record["event_payload"], "announced_again_after": f"restore onto {report.fetched_hosts}"}
+        event = build_event(
+            STAGED_EVENT,
+            self.run,
+            manifest.step,
+            manifest.save_id,
+            payload,
+            related=node_resources(payload["nodes"]),
+            occasion=f"restored-{self._incarnation}-{self._restores}",
+        )
+        events = self._events
+        self._executor.submit(events.post, [event])
+        log.info(
+            "announced step %d as staged again: this restore wrote parts onto %s",
+            manifest.step,
+            ", ".join(report.fetched_hosts),
+        )
 
     # --- save -----------------------------------------------------------------------------------
 

@@ -28,9 +28,12 @@ log = logging.getLogger("ckptflow.events")
 __all__ = ["STAGED_EVENT", "EventPoster", "build_event", "event_id", "node_resources"]
 
 
-def event_id(name: str, run: str, step: int, save_id: str) -> str:
-    """Deterministic: a re-emission of the same commit carries the same id."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{name}/{run}/{step}/{save_id}"))
+def event_id(name: str, run: str, step: int, save_id: str, occasion: str | None = None) -> str:
+    """Deterministic: a re-emission of the same commit carries the same id (Prefect drops the
+    repeat). ``occasion`` names a later, distinct announcement of the same commit (a restore that
+    wrote parts back onto a node's disk), which gets an id of its own."""
+    key = f"{name}/{run}/{step}/{save_id}" + (f"/{occasion}" if occasion else "")
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, key))
 
 
 def build_event(
@@ -40,10 +43,12 @@ def build_event(
     save_id: str,
     payload: dict[str, Any],
     related: list[dict[str, str]] | None = None,
+    occasion: str | None = None,
 ) -> dict[str, Any]:
-    """The JSON body of one Prefect event about checkpoint (run, step)."""
+    """The JSON body of one Prefect event about checkpoint (run, step) (``occasion``: see
+    :func:`event_id`)."""
     return {
-        "id": event_id(name, run, step, save_id),
+        "id": event_id(name, run, step, save_id, occasion),
         "occurred": datetime.now(UTC).isoformat(),
         "event": name,
         "resource": checkpoint_resource(run, step),

@@ -91,6 +91,7 @@ class RestoreReport:
     fetched_files: int = 0  # files this rank downloaded from colder tiers into its node's hot root
     fetched_bytes: int = 0
     fetched_by_source: dict[str, int] = field(default_factory=dict)  # "peer <host>" / tier -> bytes
+    fetched_hosts: list[str] = field(default_factory=list)  # every node that fetched files (all ranks)
     fetch_s: float = 0.0
     load_s: float = 0.0  # reading, verifying and deserializing (one pass)
     verify_s: float = 0.0  # of load_s: computing and comparing checksums
@@ -360,9 +361,9 @@ def _try_step(
         )
 
     node_needs = sorted({p for r in topo.node_ranks for p in everyone[r][1]})
-    if any(n for _, n, _ in everyone):
+    fetching = sorted({topo.hosts[topo.node_of(r)] for r, (_, n, _) in enumerate(everyone) if n})
+    if fetching:
         ctx.on_phase("restore:fetch")
-        fetching = sorted({topo.hosts[topo.node_of(r)] for r, (_, n, _) in enumerate(everyone) if n})
         lease = ctx.lease_fetch if topo.is_coordinator and ctx.lease_fetch is not None else None
         release = lease(step, fetching) if lease is not None else None
         try:
@@ -389,6 +390,7 @@ def _try_step(
         return _Attempt(reason="; ".join(f"node {n}: {why}" for n, why in sorted(corrupt.items())))
     _apply(state, live, shadow)
     report.step, report.path, report.manifest = step, directory, manifest_bytes
+    report.fetched_hosts = fetching
     return _Attempt(loaded=True)
 
 

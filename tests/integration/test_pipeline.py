@@ -178,7 +178,10 @@ def test_restore_from_warm_then_cold_when_hot_is_gone(stack, tmp_path):
     original = _train(config, "anytier", 20, tmp_path)
     wait_ready(config, "anytier", [10, 20])
 
-    # A replacement node: an empty hot root. Restore pulls step 20 from warm.
+    # The node's disk is gone (the served agent reads that root: nothing of it is left to promote
+    # again), and a replacement node with an empty hot root pulls step 20 from warm; its restore
+    # then announces step 20 again, which finds nothing to do.
+    shutil.rmtree(Path(yaml.safe_load(config.read_text())["tiers"]["hot"]["root"]) / "anytier")
     new_hot = _config(stack, tmp_path, **{"tiers.hot.root": str(tmp_path / "new-hot")})
     from_warm = _train(new_hot, "anytier", 20, tmp_path)
     assert "source tier: warm" in from_warm["log"]
