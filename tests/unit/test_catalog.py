@@ -417,3 +417,44 @@ def test_a_part_copy_made_again_where_one_was_removed_is_ready_again(catalog):
     assert (part.state, part.bytes) == (R.READY, 10)
     moves = [(e.detail["from"], e.detail["to"]) for e in catalog.events("r") if e.kind == "part.ready"]
     assert ("deleted", "ready") in moves
+
+
+def test_a_write_waits_for_another_connections_write_lock_then_commits(tmp_path):
+    """BEGIN IMMEDIATE is retried every millisecond while another writer holds the lock (not
+    SQLite's 1, 2, 5, 10, 15, 20 ms... backoff), and the busy timeout is back on the connection
+    for its other statements."""
+    import sqlite3
+    import threading
+
+    from ckptflow.catalog.engine import SQLITE_BUSY_TIMEOUT_MS, get_engine
+
+    catalog = Catalog.open(str(tmp_path / "contended.db"))
+    other = sqlite3.connect(tmp_path / "contended.db", isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another process's write transaction, as far as SQLite knows
+    threading.Timer(0.3, other.execute, args=("COMMIT",)).start()
+    catalog.audit("test.contended", "r", 1, note="written once the other writer committed")
+    assert [e.kind for e in catalog.events("r")] == ["test.contended"]
+    with get_engine(catalog.url).write.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == SQLITE_BUSY_TIMEOUT_MS
+    other.close()
+    catalog.dispose()
+
+
+def test_a_write_lock_held_past_the_busy_timeout_fails_the_write(tmp_path, monkeypatch):
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from ckptflow.catalog import engine
+
+    monkeypatch.setattr(engine, "SQLITE_BUSY_TIMEOUT_MS", 200)
+    catalog = Catalog.open(str(tmp_path / "stuck.db"))
+    other = sqlite3.connect(tmp_path / "stuck.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    with pytest.raises(OperationalError, match="database is locked"):
+        catalog.audit("test.stuck", "r", 1)
+    other.execute("COMMIT")
+    catalog.audit("test.stuck", "r", 2)  # the connection is usable again
+    assert [e.step for e in catalog.events("r")] == [2]
+    other.close()
+    catalog.dispose()
