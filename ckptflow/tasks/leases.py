@@ -109,30 +109,28 @@ class HeldLeases:
         """Raise :class:`LeaseLost` if any granted lease is no longer ours (checked in the catalog
         now, not only by the last heartbeat): call it before an irreversible step."""
         self.beat()
-        with self._lock:
-            lost = sorted(str(k) for k in self.lost)
-        if lost:
-            raise LeaseLost(
-                f"the lease on {', '.join(lost)} was taken over by another writer (this process did not "
-                f"heartbeat within {self.ttl_s:g} s); not committing"
-            )
+        self._raise_if_lost("; not committing")
 
     def release_checked(self) -> None:
         """Release every lease still held now, in one catalog transaction, and raise
-        :class:`LeaseLost` if any had been taken over meanwhile: :meth:`check` and the release at
-        the end of :func:`hold` in one write, for work whose last step needs no lease."""
+        :class:`LeaseLost` if any was taken over meanwhile (found now, or by an earlier heartbeat):
+        :meth:`check` and the release at the end of :func:`hold` in one write, for work whose last
+        step needs no lease."""
         tokens = self._live_tokens()
-        if not tokens:
-            return
-        gone = set(tokens) - self.catalog.release_leases(list(tokens))
+        if tokens:
+            gone = set(tokens) - self.catalog.release_leases(list(tokens))
+            with self._lock:
+                self.released.update(k for t, k in tokens.items() if t not in gone)
+                self.lost.update(tokens[t] for t in gone)
+        self._raise_if_lost("")
+
+    def _raise_if_lost(self, consequence: str) -> None:
         with self._lock:
-            self.released.update(k for t, k in tokens.items() if t not in gone)
-            self.lost.update(tokens[t] for t in gone)
             lost = sorted(str(k) for k in self.lost)
         if lost:
             raise LeaseLost(
                 f"the lease on {', '.join(lost)} was taken over by another writer (this process did not "
-                f"heartbeat within {self.ttl_s:g} s)"
+                f"heartbeat within {self.ttl_s:g} s){consequence}"
             )
 
     def describe_refused(self) -> str:

@@ -151,3 +151,16 @@ def test_release_checked_gives_back_in_one_write_and_names_a_lease_taken_over(ca
     # The new holder's lease survives both the release and the block's exit.
     (row,) = catalog.leases()
     assert row.holder == "a restore" and row.part == KEY.part
+
+
+def test_release_checked_raises_for_a_lease_a_heartbeat_already_found_taken_over(catalog: Catalog) -> None:
+    """The only lease was lost during the work and the heartbeat noticed it: nothing is left to give
+    back, and the work must still hear that another writer took it over."""
+    with hold(catalog, [KEY], "promote", ttl_s=30) as held:
+        assert isinstance(_take(catalog, "a restore", force=True), LeaseGrant)
+        held.beat()  # what the heartbeat thread does every ttl_s / 4
+        assert not held.holds(KEY)
+        with pytest.raises(LeaseLost, match=f"lease on {KEY} was taken over"):
+            held.release_checked()
+    (row,) = catalog.leases()
+    assert row.holder == "a restore"
