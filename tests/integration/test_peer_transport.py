@@ -511,8 +511,10 @@ def test_stale_partial_receives_are_cleaned_and_live_ones_kept(
     partials = list(peer_hot.rglob("*.partial-recv-*"))
     assert len(partials) == 1, sorted(str(p) for p in peer_hot.rglob("*"))
     wait_for(
-        lambda: not any(p.name.startswith(RECV_PREFIX) for p in peer_hot.rglob("*"))
-        and not any(layout.someone_writes(p) for p in partials)
+        lambda: (
+            not any(p.name.startswith(RECV_PREFIX) for p in peer_hot.rglob("*"))
+            and not any(layout.someone_writes(p) for p in partials)
+        )
     )
     assert server.store.cleanup_stale(older_than_s=3600) == []  # young: a sender may come back
     removed = server.store.cleanup_stale(older_than_s=0)
