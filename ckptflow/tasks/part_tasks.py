@@ -1,5 +1,6 @@
-"""Tasks of a node's share of promotion (run by that node's agent): record what the node holds,
-publish the first colder tier's copy when it is complete, and announce it."""
+"""Plain functions of a node's share of promotion (run by that node's agent), which the flows call
+directly (each is a catalog write or one event: not worth a task run): record what the node holds,
+announce a published copy, and re-post a staged event training could not deliver."""
 
 from __future__ import annotations
 
