@@ -223,6 +223,18 @@ class PartsAttempt:
         return sum(p.caller_overhead_s for p in self.parts) / sum(p.data_s for p in self.parts)
 
     @property
+    def engine_frac(self) -> float:
+        """Prefect's share of ``overhead_frac``: the recorded runs' time outside the flow function
+        (its RUNNING and final states, the run context), which no flow code can shorten."""
+        return sum(p.engine_s for p in self.parts) / sum(p.data_s for p in self.parts)
+
+    @property
+    def in_flow_frac(self) -> float:
+        """The flow's own share of ``overhead_frac``: its body's time outside the data-moving calls
+        (catalog writes, leases, planning, the batch task's start and end, the event)."""
+        return sum(p.in_body_s for p in self.parts) / sum(p.data_s for p in self.parts)
+
+    @property
     def vs_durable(self) -> float:
         return sum(self.durable_s) / sum(p.data_s for p in self.parts)
 
@@ -570,6 +582,8 @@ def print_parts_report(
     for name, values in (
         ("overhead_frac", [a.overhead_frac for a in attempts]),
         ("caller_overhead_frac", [a.caller_overhead_frac for a in attempts]),
+        ("engine_frac", [a.engine_frac for a in attempts]),
+        ("in_flow_frac", [a.in_flow_frac for a in attempts]),
         ("warm_vs_durable_copy", [a.vs_durable for a in attempts]),
         ("staged_to_warm_s", [a.staged_to_warm_s for a in attempts]),
     ):
