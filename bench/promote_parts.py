@@ -5,8 +5,10 @@ nodes' parts: node k's hot root (its own directory, as node-local NVMe would be)
 the files and the manifest naming every node, and the catalog holds the checkpoint as training's
 coordinator records it at the decision. At the moment the checkpoint is decided (every part and
 manifest written, what the ``staged`` event announces), one ``promote-part`` flow run per node is
-created on a real Prefect server (as the event's automation creates them for the nodes'
-deployments), then each node's agent (a process of its own, started before the attempts:
+created on a real Prefect server, in that node's deployment (registered once, named as ``ckptflow
+agent`` names it), as the event's automation creates them; so each run reads its config only from
+the pinned ``CKPTFLOW_CONFIG_DIR``, and a node left waiting finds the other nodes' runs there, as
+deployed. Then each node's agent (a process of its own, started before the attempts:
 :mod:`part_agents`; ``--process-per-run``: a new one for every run, as ``ckptflow agent``'s
 Prefect runner spawns one) executes its own, with its own ``ckptflow.yaml`` (its hot root, the shared
 warm root, one catalog): all at once by default (``--serial-nodes``: one after another). Each copies
@@ -54,6 +56,7 @@ from typing import Any, Protocol
 import yaml
 from part_agents import NodeAgents
 
+from ckptflow.flows.pinned import CONFIG_DIR_ENV
 from ckptflow.storage import checksums
 from ckptflow.storage.atomic import syncfs, write_file_atomic
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, NodePart
@@ -344,9 +347,20 @@ def record_as_training(url: str, stack: NodeStack, manifest: Manifest) -> None:
         catalog.dispose()
 
 
-def create_part_runs(parameters: list[dict[str, Any]]) -> list[Any]:
-    """One ``promote-part`` flow run per node, created up front (Pending) as the staged event's
-    automation creates them in a deployment; each node's agent then only executes its own.
+def register_deployments(hosts: list[str]) -> list[Any]:
+    """Each node's ``promote-part`` deployment (named as ``ckptflow agent`` names it, without the
+    staged-event trigger: the bench creates the runs itself), registered once, untimed. The runs are
+    created in them, so a node left waiting finds the other nodes' runs there as in a deployment
+    (:mod:`ckptflow.tasks.part_catch_up`'s look-up, made while its copy runs) and asks for none."""
+    from ckptflow.flows.promote_part import promote_part
+    from ckptflow.tasks.part_ops import deployment_name
+
+    return [promote_part.to_deployment(name=deployment_name(host)).apply() for host in hosts]
+
+
+def create_part_runs(deployment_ids: list[Any], parameters: list[dict[str, Any]]) -> list[Any]:
+    """One ``promote-part`` flow run per node in its deployment, created up front (Pending) as the
+    staged event's automation creates them; each node's agent then only executes its own.
 
     Creating them here, one after another, also keeps the bench clear of an artifact: two
     ``create_flow_run`` calls at the same instant on a SQLite-backed Prefect server often get a 503
@@ -356,19 +370,20 @@ def create_part_runs(parameters: list[dict[str, Any]]) -> list[Any]:
     from prefect.client.orchestration import get_client
     from prefect.states import Pending
 
-    from ckptflow.flows.promote_part import promote_part
-
     with get_client(sync_client=True) as client:
         return [
-            client.create_flow_run(
-                promote_part, parameters=promote_part.serialize_parameters(p), state=Pending()
-            )
-            for p in parameters
+            client.create_flow_run_from_deployment(deployment_id, parameters=p, state=Pending())
+            for deployment_id, p in zip(deployment_ids, parameters, strict=True)
         ]
 
 
 def promote_parts(
-    stack: NodeStack, agents: NodeAgents, label: str, manifest: Manifest, parallel: bool
+    stack: NodeStack,
+    agents: NodeAgents,
+    deployment_ids: list[Any],
+    label: str,
+    manifest: Manifest,
+    parallel: bool,
 ) -> tuple[float, list[PartRun]]:
     """Every node's part flow run at once (or one after another); check warm was published once.
 
@@ -381,7 +396,7 @@ def promote_parts(
     record_as_training(f"sqlite:///{stack.directory / f'catalog-{label}.db'}", stack, manifest)
     t0 = time.perf_counter()
     parameters = part_parameters(stack, configs)
-    flow_runs = create_part_runs(parameters)
+    flow_runs = create_part_runs(deployment_ids, parameters)
     created_s = time.perf_counter() - t0
     answers = agents.run(list(zip(flow_runs, parameters, strict=True)), parallel)
     recorded = recorded_spans([f.id for f in flow_runs])
@@ -434,6 +449,9 @@ def bench_parts(
     """``repeats`` attempts (promotion and durable copy alternating), then one central promote.
     ``process_per_run``: each part run in a new agent process (:class:`part_agents.NodeAgents`)."""
     n = len(stack.hosts)
+    # The runs come from deployments, so each agent reads its config only from its pinned
+    # directory (ckptflow.flows.pinned), as `ckptflow agent` sets it: every config is under here.
+    os.environ[CONFIG_DIR_ENV] = str(stack.directory)
     seconds, agents = timed(lambda: NodeAgents(n, process_per_run=process_per_run))
     clock.say(
         f"  {n} node agent processes started: {seconds:.1f} s; {stack.copy_threads} copy threads per node"
@@ -457,9 +475,10 @@ def _attempts(
     # Warm-up, untimed: a Prefect server answers the first request on each route slowly (1-2 s
     # once per server process), and an agent's first run imports what its later ones reuse; a
     # running deployment paid both long ago.
+    deployment_ids = register_deployments(stack.hosts)
     warm_stack = NodeStack(stack.directory / "warmup", stack.hosts, stack.api_url, None)
     small = make_checkpoint([warm_stack.step_dir(k) for k in range(n)], 16 * n, 16 * MiB, 4, stack.hosts)
-    seconds, _ = timed(lambda: promote_parts(warm_stack, agents, "warmup", small, parallel))
+    seconds, _ = timed(lambda: promote_parts(warm_stack, agents, deployment_ids, "warmup", small, parallel))
     clock.say(f"  warm-up part flows (16 files per node, untimed): {seconds:.3f} s")
     settle(warm_stack.directory)
 
@@ -470,7 +489,9 @@ def _attempts(
         got: dict[str, Any] = {}
 
         def ours(r: int = r, got: dict[str, Any] = got) -> None:
-            got["created_s"], got["parts"] = promote_parts(stack, agents, f"a{r}", manifest, parallel)
+            got["created_s"], got["parts"] = promote_parts(
+                stack, agents, deployment_ids, f"a{r}", manifest, parallel
+            )
             if r < repeats - 1:
                 settle(stack.directory / f"warm-a{r}")
 
