@@ -15,6 +15,8 @@ Writes, with the same state on every save (see :func:`stock_state`):
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,12 @@ def main() -> None:
     dcp.save(stock_state(args.rank, mesh), checkpoint_id=out / "nocoll" / "step-30", use_collectives=False)
     dist.barrier()
     dist.destroy_process_group()
+    # Everything is saved. Skip the interpreter's teardown of torch: gloo objects still alive then
+    # are destroyed during finalization, which can abort the process (as
+    # tests/integration/multinode_worker.py saw once).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
