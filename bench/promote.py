@@ -42,10 +42,11 @@ Absolute numbers are noisy on a shared 2-core machine; the ratios, measured side
 result. The last line is machine-readable: ``warm_vs_copy=... cold_vs_boto3=...
 put_vs_durable_copy=... warm_vs_durable_copy=... overhead_frac=... engine_frac=... in_flow_frac=...
 caller_overhead_frac=... staged_to_warm_s=... overhead_spread=MIN..MAX nodes=N process_per_run=0|1
-part_task_runs=...`` (the first three only without ``--only-flow``). ``overhead_frac`` splits into
-``engine_frac`` (Prefect's time in the recorded run outside the flow function: its state changes and
-run context, which no flow code can shorten) and ``in_flow_frac`` (the flow's own orchestration);
-each is the median over attempts, so the two need not add up exactly.
+keep_copies=0|1 part_task_runs=...`` (the first three only without ``--only-flow``).
+``overhead_frac`` splits into ``engine_frac`` (Prefect's time in the recorded run outside the flow
+function: its state changes and run context, which no flow code can shorten) and ``in_flow_frac``
+(the flow's own orchestration); each is the median over attempts, so the two need not add up
+exactly.
 """
 
 from __future__ import annotations
@@ -427,6 +428,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "not in each node's long-running agent process: nothing a run touches is warm",
     )
     parser.add_argument(
+        "--keep-copies",
+        action="store_true",
+        help="part 3: keep every attempt's copies until the end (about 2 x the checkpoint per attempt on "
+        "disk) instead of removing each after its attempt: on a disk mounted with online discard, a "
+        "removal between the two arms changes how fast the next one writes",
+    )
+    parser.add_argument(
         "--only-flow", action="store_true", help="skip hops 1-2 (no S3, no central promote): part 3 only"
     )
     parser.add_argument(
@@ -531,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
             parallel=not args.serial_nodes,
             clock=clock,
             process_per_run=args.process_per_run,
+            keep_copies=args.keep_copies,
         )
         clock.say("done")
     finally:
@@ -569,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     line["overhead_spread"] = f"{sig3(parts['overhead_frac_min'])}..{sig3(parts['overhead_frac_max'])}"
     line["nodes"] = str(args.nodes)
     line["process_per_run"] = str(int(args.process_per_run))
+    line["keep_copies"] = str(int(args.keep_copies))
     line["part_task_runs"] = str(n_tasks)
     print(" ".join(f"{k}={v}" for k, v in line.items()))
     return 0
