@@ -41,6 +41,7 @@ from ckptflow.tasks.part_ops import (
     PartPlan,
     first_colder_tier,
     node_holding,
+    part_lease,
     paths_by_part,
     plan_part,
     this_host,
@@ -124,7 +125,14 @@ class _PartJob:
             )
             return self._done("deleted by retention")
         plan = plan_part(self.holding, self.tier)
-        by_part = paths_by_part(self.holding.manifest, plan.to_copy)
+        # Only the parts this node holds whole: a file of another node's part that it also holds
+        # (node 0's .metadata) is left to that part's holder, who copies the part in one piece.
+        whole = {part_lease(k) for k in self.holding.whole_parts()}
+        by_part = {
+            part: paths
+            for part, paths in paths_by_part(self.holding.manifest, plan.to_copy).items()
+            if part in whole
+        }
         keys = {part: LeaseKey(run, step, target, part) for part in by_part}
         ttl_s = self.config.promote.lease_ttl_s
         # One copier per part: another node (a replacement holding a fetched-back part) or a second

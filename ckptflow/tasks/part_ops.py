@@ -58,6 +58,22 @@ class NodeHolding:
     def held_paths(self) -> set[str]:
         return {e.path for e in self.held}
 
+    def whole_parts(self) -> list[int]:
+        """The save-time nodes whose every file this node holds: the parts it can copy on its own.
+
+        A node also holds files of other nodes' parts: the ``.metadata`` every rank writes belongs to
+        node 0's part, and a replacement node may hold a part it fetched. A part held only in part is
+        not this node's to copy: taking its lease would keep the part's owner from copying the rest.
+        A checkpoint of one node (no ``nodes`` in its manifest) is one part, 0, when held whole."""
+        held = self.held_paths
+        if not self.manifest.nodes:
+            return [0] if len(held) == len(self.manifest.files) else []
+        return [
+            n.node
+            for n in self.manifest.nodes
+            if (files := self.manifest.part_files(n.node)) and all(e.path in held for e in files)
+        ]
+
 
 def node_holding(hot: PosixTier, run: str, step: int) -> NodeHolding:
     """This node's copy of (run, step); NotOnThisNode if it holds no decided one."""

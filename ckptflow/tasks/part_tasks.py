@@ -14,14 +14,7 @@ from ckptflow.tasks.part_ops import NodeHolding
 def record_node_parts(catalog: Catalog, run: str, step: int, host: str, holding: NodeHolding) -> list[int]:
     """Record in the catalog which parts of (run, step) this node holds whole; return their indexes."""
     manifest = holding.manifest
-    held = holding.held_paths
-    parts = [
-        n.node
-        for n in manifest.nodes
-        if all(e.path in held for e in manifest.part_files(n.node)) and manifest.part_files(n.node)
-    ]
-    if not manifest.nodes and len(held) == len(manifest.files):
-        parts = [0]  # a format-1 (single-node) checkpoint: one part, this node's
+    parts = holding.whole_parts()
     catalog.record_parts(
         run,
         step,
