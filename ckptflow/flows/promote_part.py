@@ -2,7 +2,9 @@
 
 Triggered by ``ckptflow.checkpoint.staged`` through the node's own deployment (the event names every
 node as a related resource; each agent's trigger matches its host: see :mod:`ckptflow.agent`). The
-node copies the files it holds that the first colder tier (warm) still lacks there in batches, each
+node copies the files of the parts it holds whole (:meth:`NodeHolding.whole_parts`: a file of
+another node's part, such as node 0's ``.metadata``, is that part's holder's to copy) that the first
+colder tier (warm) still lacks there in batches, each
 copy's bytes checked against the manifest's CRC as it is made (one pass over the part, not a re-hash
 and then a copy: :mod:`ckptflow.storage.copy`), records what it holds in the catalog, and when that
 completed the tier's copy, publishes it (manifest last) and emits ``ckptflow.checkpoint.published``,
