@@ -2,9 +2,9 @@
 
 Triggered by ``ckptflow.checkpoint.staged`` through the node's own deployment (the event names every
 node as a related resource; each agent's trigger matches its host: see :mod:`ckptflow.agent`). The
-node copies the files of the parts it holds whole (:meth:`NodeHolding.whole_parts`: a file of
-another node's part, such as node 0's ``.metadata``, is that part's holder's to copy) that the first
-colder tier (warm) still lacks there in batches, each
+node copies the files of the parts it holds whole that the first colder tier (warm) still lacks
+there (:func:`~ckptflow.tasks.part_ops.plan_part`: a file of another node's part, such as node 0's
+``.metadata``, is that part's holder's to copy) in batches, each
 copy's bytes checked against the manifest's CRC as it is made (one pass over the part, not a re-hash
 and then a copy: :mod:`ckptflow.storage.copy`), records what it holds in the catalog, and when that
 completed the tier's copy, publishes it (manifest last) and emits ``ckptflow.checkpoint.published``,
@@ -43,7 +43,6 @@ from ckptflow.tasks.part_ops import (
     PartPlan,
     first_colder_tier,
     node_holding,
-    part_lease,
     paths_by_part,
     plan_part,
     this_host,
@@ -126,15 +125,8 @@ class _PartJob:
                 "%s step %d: its %s replica was deleted by retention; not copied again", run, step, target
             )
             return self._done("deleted by retention")
-        plan = plan_part(self.holding, self.tier)
-        # Only the parts this node holds whole: a file of another node's part that it also holds
-        # (node 0's .metadata) is left to that part's holder, who copies the part in one piece.
-        whole = {part_lease(k) for k in self.holding.whole_parts()}
-        by_part = {
-            part: paths
-            for part, paths in paths_by_part(self.holding.manifest, plan.to_copy).items()
-            if part in whole
-        }
+        plan = plan_part(self.holding, self.tier)  # only the parts this node holds whole
+        by_part = paths_by_part(self.holding.manifest, plan.to_copy)
         keys = {part: LeaseKey(run, step, target, part) for part in by_part}
         ttl_s = self.config.promote.lease_ttl_s
         # One copier per part: another node (a replacement holding a fetched-back part) or a second

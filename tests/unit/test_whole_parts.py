@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ckptflow.storage.manifest import FileEntry, Manifest, NodePart
-from ckptflow.tasks.part_ops import NodeHolding
+from ckptflow.storage.posix_tier import PosixTier
+from ckptflow.tasks.part_ops import NodeHolding, plan_part
 
 
 def manifest(nodes: bool = True) -> Manifest:
@@ -53,3 +54,14 @@ def test_a_single_node_checkpoint_is_one_part_when_held_whole() -> None:
     m = manifest(nodes=False)
     assert holding(m, {e.path for e in m.files}).whole_parts() == [0]
     assert holding(m, {".metadata"}).whole_parts() == []
+
+
+def test_the_plan_leaves_another_part_s_metadata_to_that_part_s_holder(tmp_path: Path) -> None:
+    m = manifest()
+    warm = PosixTier("warm", tmp_path / "warm")  # empty: lacks every file
+    plan = plan_part(holding(m, {".metadata", "__1_0.distcp"}), warm)
+    assert plan.to_copy == ["__1_0.distcp"]
+    assert sorted(plan.waiting_for) == [".metadata", "__0_0.distcp"]
+    assert plan.waiting_nodes(m) == ["node 0 (node0)"]
+    owner = plan_part(holding(m, {".metadata", "__0_0.distcp"}), warm)
+    assert sorted(owner.to_copy) == [".metadata", "__0_0.distcp"]
