@@ -79,6 +79,7 @@ class HeldLeases:
     lost: set[LeaseKey] = field(default_factory=set)
     released: set[LeaseKey] = field(default_factory=set)  # given back early, by release_checked
     beats: int = 0  # heartbeats that reached the catalog
+    stop: threading.Event = field(default_factory=threading.Event)  # set: the heartbeat ends
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def holds(self, key: LeaseKey) -> bool:
@@ -91,14 +92,21 @@ class HeldLeases:
                 g.token: k for k, g in self.granted.items() if k not in self.lost and k not in self.released
             }
 
-    def beat(self) -> None:
+    def beat(self, background: bool = False) -> None:
         """Extend every granted lease now; those found taken over join ``lost``. Raises on a
-        catalog error (the background thread logs it and tries again)."""
+        catalog error (the background thread logs it and tries again).
+
+        ``background`` (the heartbeat thread): a beat that returns after :attr:`stop` was set
+        records nothing lost. The leases are being released: a beat that read its tokens before the
+        release and reached the catalog after it finds them gone, and would report as taken over
+        leases this process gave back itself (the release reports real losses)."""
         tokens = self._live_tokens()
         if not tokens:
             return
         still = self.catalog.heartbeat_leases(list(tokens), self.ttl_s)
         with self._lock:
+            if background and self.stop.is_set():
+                return
             self.beats += 1
             for token, key in tokens.items():
                 if token not in still and key not in self.lost:
@@ -115,7 +123,9 @@ class HeldLeases:
         """Release every lease still held now, in one catalog transaction, and raise
         :class:`LeaseLost` if any was taken over meanwhile (found now, or by an earlier heartbeat):
         :meth:`check` and the release at the end of :func:`hold` in one write, for work whose last
-        step needs no lease."""
+        step needs no lease. The heartbeat is told to end first, so it winds down while the release
+        is written instead of after it."""
+        self.stop.set()
         tokens = self._live_tokens()
         if tokens:
             gone = set(tokens) - self.catalog.release_leases(list(tokens))
@@ -168,11 +178,11 @@ def _acquire_all(
             held.refused[key] = got
 
 
-def _keep_alive(held: HeldLeases, stop: threading.Event) -> None:
+def _keep_alive(held: HeldLeases) -> None:
     interval = held.ttl_s / 4
-    while not stop.wait(interval):
+    while not held.stop.wait(interval):
         try:
-            held.beat()
+            held.beat(background=True)
         except Exception as exc:  # noqa: BLE001 - the next beat tries again; check() reports the loss
             log.warning("lease heartbeat failed (retrying in %.1f s): %s", interval, exc)
 
@@ -201,7 +211,6 @@ def hold(
     wanted = list(dict.fromkeys(keys))
     held = HeldLeases(catalog, ttl_s)
     holder = holder_name(purpose)
-    stop = threading.Event()
     thread: threading.Thread | None = None
     try:
         _acquire_all(held, wanted, purpose, holder, work_uri, force)
@@ -217,12 +226,12 @@ def hold(
             _acquire_all(held, list(held.refused), purpose, holder, work_uri, force)
         if held.granted:
             thread = threading.Thread(
-                target=_keep_alive, args=(held, stop), name="ckptflow-lease-heartbeat", daemon=True
+                target=_keep_alive, args=(held,), name="ckptflow-lease-heartbeat", daemon=True
             )
             thread.start()
         yield held
     finally:
-        stop.set()
+        held.stop.set()
         if thread is not None:
             thread.join(timeout=30)
         tokens = list(held._live_tokens())

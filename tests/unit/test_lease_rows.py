@@ -164,3 +164,26 @@ def test_release_checked_raises_for_a_lease_a_heartbeat_already_found_taken_over
             held.release_checked()
     (row,) = catalog.leases()
     assert row.holder == "a restore"
+
+
+def test_a_heartbeat_that_reaches_the_catalog_after_the_release_reports_nothing_lost(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The heartbeat thread read the live tokens, then the work released its leases, then the beat's
+    write arrived: it finds them gone, because this process gave them back, not because another
+    writer took them over (the release reports real losses). release_checked tells the heartbeat to
+    end before it writes."""
+    with hold(catalog, [KEY], "promote", ttl_s=30) as held:
+        heartbeat = catalog.heartbeat_leases
+
+        def released_first(tokens: list[str], ttl_s: float) -> set[str]:
+            held.release_checked()  # the work's release, between the beat's read and its write
+            assert held.stop.is_set()
+            return heartbeat(tokens, ttl_s)
+
+        monkeypatch.setattr(catalog, "heartbeat_leases", released_first)
+        with caplog.at_level("ERROR", logger="ckptflow.leases"):
+            held.beat(background=True)
+        assert not held.lost and not caplog.records, caplog.text
+        monkeypatch.undo()
+    assert catalog.leases() == []
