@@ -150,6 +150,10 @@ class _PartJob:
             **{f"held_{k}": v for k, v in holding_summary(self.holding).items()},
         )
         lacking = self.tier.missing_files(self.holding.manifest)
+        if lacking and self.tier.read_manifest(run, step) is not None:
+            # Another node finished last and published the step between this node's copy and the
+            # look: its incoming files moved into the published copy, and none is lacking.
+            return self._done("already published", **self.data.as_row())
         if lacking:
             return {**self._waiting(lacking, lookup), **self.data.as_row()}
         return self._publish()
