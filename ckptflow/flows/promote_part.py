@@ -36,7 +36,7 @@ from ckptflow.storage.tier import Tier, TierError
 from ckptflow.tasks.catalog_tasks import checkpoint_id_of, move_replica, replica_states
 from ckptflow.tasks.data_time import DataTime
 from ckptflow.tasks.leases import hold
-from ckptflow.tasks.part_catch_up import RunLookup, ask_for_catch_up, prefetch_run_lookup
+from ckptflow.tasks.part_catch_up import ask_for_catch_up
 from ckptflow.tasks.part_ops import (
     NodeHolding,
     NotOnThisNode,
@@ -139,7 +139,7 @@ class _PartJob:
                 logger.info("%s step %d: every part this node holds is being copied elsewhere", run, step)
                 return self._done("in progress elsewhere", holders=holders, detail=held.describe_refused())
             mine = [p for part, paths in by_part.items() if held.holds(keys[part]) for p in paths]
-            copied, parts, lookup = self._copy(mine, plan)
+            copied, parts = self._copy(mine)
             # Still ours (no other copier wrote these parts meanwhile), and given back, in one write.
             held.release_checked()
         self.row.update(
@@ -155,21 +155,19 @@ class _PartJob:
             # look: its incoming files moved into the published copy, and none is lacking.
             return self._done("already published", **self.data.as_row())
         if lacking:
-            return {**self._waiting(lacking, lookup), **self.data.as_row()}
+            return {**self._waiting(lacking), **self.data.as_row()}
         return self._publish()
 
-    def _copy(self, paths: list[str], plan: PartPlan) -> tuple[list[dict[str, Any]], list[int], RunLookup]:
+    def _copy(self, paths: list[str]) -> tuple[list[dict[str, Any]], list[int]]:
         """Copy this node's files ``paths`` to the tier, each copy's bytes checked against the
         manifest's CRC as it is made (a file that does not match is never left on the tier): no
         separate re-hash pass reads the part a second time.
 
         While the batches copy, this thread does the bookkeeping that does not wait for them: the
-        tier's replica to COPYING, this node's parts in the catalog, and the Prefect look-up of the
-        runs of the nodes it will wait for (:func:`prefetch_run_lookup`). Returns the batches'
-        rows, the parts this node holds, and that look-up."""
+        tier's replica to COPYING, and this node's parts in the catalog. Returns the batches' rows
+        and the parts this node holds."""
         run, step, target, host = self.row["run"], self.row["step"], self.row["tier"], self.row["node"]
-        manifest = self.holding.manifest
-        batches = batches_of(manifest, paths, batch_count(self.config))
+        batches = batches_of(self.holding.manifest, paths, batch_count(self.config))
         with task_runner_for(self.config, threads=PART_THREADS) as runner:
             futures = [
                 submit(runner, copy_batch, self.config_path, run, step, target, b, i)
@@ -180,8 +178,6 @@ class _PartJob:
                 uri = self.tier.uri(run, step)
                 move_replica(self.catalog, self.checkpoint_id, target, "copying", uri=uri)
                 parts = record_node_parts(self.catalog, run, step, host, self.holding)
-                catching_up = self.config.promote.catch_up_after_s > 0
-                lookup = prefetch_run_lookup(manifest, plan.waiting_for, host) if catching_up else RunLookup()
             finally:
                 for future in futures:  # every batch ends before any error: none is left writing
                     try:
@@ -194,9 +190,9 @@ class _PartJob:
                 + (f" (and {len(failed) - 1} more failed batches)" if len(failed) > 1 else "")
             ) from failed[0]
         self.data.add_parallel("copy", (c["seconds"] for c in copied))
-        return copied, parts, lookup
+        return copied, parts
 
-    def _waiting(self, lacking: list[str], lookup: RunLookup) -> dict[str, Any]:
+    def _waiting(self, lacking: list[str]) -> dict[str, Any]:
         """The tier still lacks ``lacking``, other nodes' parts (or parts another copier holds):
         say whose."""
         run, step, target, host = self.row["run"], self.row["step"], self.row["tier"], self.row["node"]
@@ -207,9 +203,10 @@ class _PartJob:
         logger = get_run_logger()
         logger.info("%s step %d: node %s copied its part to %s; %s", run, step, host, target, reason)
         # In case a waited-for node's own run was lost (Prefect drops an automation action that
-        # failed): one scheduled run on each of the last few (tasks/part_catch_up.py).
+        # failed): one scheduled run on each of the last few that nobody is copying now
+        # (tasks/part_catch_up.py).
         asked = ask_for_catch_up(
-            self.holding.manifest, lacking, self.config.promote.catch_up_after_s, host, lookup
+            self.holding.manifest, lacking, self.config.promote.catch_up_after_s, host, self.catalog, target
         )
         if asked:
             logger.info(

@@ -6,11 +6,13 @@ failed (a ``run-deployment`` that a busy SQLite-backed server answered 503 is dr
 ``prefect.automation.action.failed`` event; the demo's server logged two in one run). Each node's
 ``node-housekeeping`` finds such a part at its next interval; this is the faster path.
 
-A node that copied its part and still waits for at most :data:`CATCH_UP_MAX_NODES` others looks,
-for each of them, for a ``promote-part`` run of the checkpoint on that node's deployment (one
-query, made while its own copy runs: :func:`prefetch_run_lookup`). Only where there is none (or
-only failed ones) does it schedule one, ``promote.catch_up_after_s`` later, which does the lost
-run's work on that node. Each such run's idempotency key names (run, step, save, node), so two
+A node that copied its part and still waits for at most :data:`CATCH_UP_MAX_NODES` others first
+reads the catalog: a part whose lease is live is being copied right now (by its node's run, or by
+whoever holds it), so nothing was lost there. That is the usual case (the other nodes are still
+copying), and it costs one catalog read instead of two Prefect requests per node. For each node
+left, it looks for a ``promote-part`` run of the checkpoint on that node's deployment. Only where
+there is none (or only failed ones) does it schedule one, ``promote.catch_up_after_s`` later, which
+does the lost run's work on that node. Each such run's idempotency key names (run, step, save, node), so two
 nodes asking at once still make one. A node whose run is merely queued behind others is not given
 a second one: on a loaded cluster that would add work exactly where it is already late. The bound
 keeps the cost per checkpoint constant: only the last few nodes to finish ask (the first finishers
@@ -25,8 +27,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ckptflow.catalog import Catalog
+from ckptflow.catalog.models import utcnow
 from ckptflow.storage.manifest import Manifest
-from ckptflow.tasks.part_ops import deployment_name, owners_of
+from ckptflow.tasks.part_ops import deployment_name, node_of_part_lease, owners_of
 
 log = logging.getLogger("ckptflow.catch_up")
 
@@ -74,11 +78,19 @@ def _made_at(manifest: Manifest) -> datetime:
     return made.replace(tzinfo=UTC) if made.tzinfo is None else made
 
 
-def waited_hosts(manifest: Manifest, lacking: list[str], asking_host: str) -> list[str]:
-    """The hosts of the nodes whose files ``lacking`` names, other than ``asking_host``; empty when
-    there are more than :data:`CATCH_UP_MAX_NODES` (the asking node is not among the last few)."""
-    hosts = [h for _, h in owners_of(manifest, lacking) if h is not None and h != asking_host]
-    return hosts if len(hosts) <= CATCH_UP_MAX_NODES else []
+def waited_nodes(manifest: Manifest, lacking: list[str], asking_host: str) -> list[tuple[int, str]]:
+    """(save-time node, host) of the nodes whose files ``lacking`` names, other than
+    ``asking_host``; empty when there are more than :data:`CATCH_UP_MAX_NODES` (the asking node is
+    not among the last few)."""
+    nodes = [(k, h) for k, h in owners_of(manifest, lacking) if h is not None and h != asking_host]
+    return nodes if len(nodes) <= CATCH_UP_MAX_NODES else []
+
+
+def parts_being_copied(catalog: Catalog, run: str, step: int, tier: str) -> set[int]:
+    """The save-time nodes whose part of (run, step) someone is copying to ``tier`` now: their
+    part lease is live (its holder heartbeats it while it copies)."""
+    live = catalog.leases(run, step, tier, live_at=utcnow())
+    return {k for lease in live if (k := node_of_part_lease(lease.part)) is not None}
 
 
 @dataclass
@@ -89,19 +101,12 @@ class RunLookup:
     with_run: set[str] = field(default_factory=set)  # hosts whose deployment has a live run
     failed: dict[str, str] = field(default_factory=dict)  # host -> why Prefect could not answer
 
-    def covers(self, host: str) -> bool:
-        return host in self.without_run or host in self.with_run or host in self.failed
 
-
-def look_up_runs(
-    client: Any, manifest: Manifest, hosts: list[str], into: RunLookup | None = None
-) -> RunLookup:
-    """For each of ``hosts`` not yet in ``into``: does its deployment have a live run of (run, step)?
-    Two small requests per host; an error is recorded on the host, never raised."""
-    found = into if into is not None else RunLookup()
+def look_up_runs(client: Any, manifest: Manifest, hosts: list[str]) -> RunLookup:
+    """For each of ``hosts``: does its deployment have a live run of (run, step)? Two small
+    requests per host; an error is recorded on the host, never raised."""
+    found = RunLookup()
     for host in hosts:
-        if found.covers(host):
-            continue
         try:
             deployment = client.read_deployment_by_name(f"{PROMOTE_PART_FLOW}/{deployment_name(host)}")
             if _has_a_run_for(client, deployment.id, manifest):
@@ -113,44 +118,33 @@ def look_up_runs(
     return found
 
 
-def prefetch_run_lookup(manifest: Manifest, waiting_for: list[str], asking_host: str) -> RunLookup:
-    """:func:`look_up_runs` for the nodes this node will wait for if nothing else arrives meanwhile
-    (those whose files the tier lacks and this node does not hold): done while this node's own copy
-    runs, so that a node left waiting afterwards only has to schedule what is missing. (A run that
-    fails between this look-up and the end of the copy is not seen: that node's housekeeping
-    promotes its part.)"""
-    from prefect import get_client  # noqa: PLC0415 - only inside a flow run
-
-    hosts = waited_hosts(manifest, waiting_for, asking_host)
-    if not hosts:
-        return RunLookup()
-    with get_client(sync_client=True) as client:
-        return look_up_runs(client, manifest, hosts)
-
-
 def ask_for_catch_up(
     manifest: Manifest,
     lacking: list[str],
     after_s: float,
     asking_host: str,
-    known: RunLookup | None = None,
+    catalog: Catalog,
+    tier: str,
 ) -> list[str]:
     """Schedule a ``promote-part`` run, ``after_s`` from now, on the deployment of every node whose
-    part ``lacking`` names and that has no run of the checkpoint, if at most
-    :data:`CATCH_UP_MAX_NODES` nodes are waited for (and ``after_s`` > 0); returns the hosts given
-    a run (one Prefect did not take is logged). ``known``: what :func:`prefetch_run_lookup` found
-    earlier in this run (a host it does not cover is looked up now)."""
+    part ``lacking`` names, that nobody is copying to ``tier`` now (:func:`parts_being_copied`)
+    and that has no run of the checkpoint, if at most :data:`CATCH_UP_MAX_NODES` nodes are waited
+    for (and ``after_s`` > 0); returns the hosts given a run (one Prefect did not take is logged)."""
     from prefect import get_client  # noqa: PLC0415 - only inside a flow run
     from prefect.states import Scheduled  # noqa: PLC0415
 
-    hosts = waited_hosts(manifest, lacking, asking_host)
-    if after_s <= 0 or not hosts:
+    waited = waited_nodes(manifest, lacking, asking_host)
+    if after_s <= 0 or not waited:
+        return []
+    copying = parts_being_copied(catalog, manifest.run, manifest.step, tier)
+    hosts = [h for k, h in waited if k not in copying]
+    if not hosts:
         return []
     when = datetime.now(UTC) + timedelta(seconds=after_s)
     asked = []
     # One sync client for all of them: a few small requests per node, not run_deployment's set-up.
     with get_client(sync_client=True) as client:
-        lookup = look_up_runs(client, manifest, hosts, known)
+        lookup = look_up_runs(client, manifest, hosts)
         for host in hosts:
             if host in lookup.with_run:
                 continue  # its run exists (maybe queued behind others): asking would only add one

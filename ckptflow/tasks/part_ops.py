@@ -101,6 +101,9 @@ class PartPlan:
         return [f"node {k} ({host or '?'})" for k, host in owners_of(manifest, self.waiting_for)]
 
 
+PART_LEASE_PREFIX = "part-"
+
+
 def owners_of(manifest: Manifest, paths: list[str]) -> list[tuple[int, str | None]]:
     """(save-time node, its host, None if the manifest names none) of every node with a file in
     ``paths``, by node."""
@@ -111,7 +114,13 @@ def owners_of(manifest: Manifest, paths: list[str]) -> list[tuple[int, str | Non
 
 def part_lease(node: int) -> str:
     """The lease ``part`` of save-time node ``node``'s part: one copier of it at a time."""
-    return f"part-{node}"
+    return f"{PART_LEASE_PREFIX}{node}"
+
+
+def node_of_part_lease(part: str) -> int | None:
+    """The save-time node of a :func:`part_lease` name; None for any other lease (``all``)."""
+    number = part.removeprefix(PART_LEASE_PREFIX)
+    return int(number) if number != part and number.isdigit() else None
 
 
 def paths_by_part(manifest: Manifest, paths: list[str]) -> dict[str, list[str]]:

@@ -2,10 +2,10 @@
 by the nodes that wait for it, on a real Prefect server, without an agent's housekeeping:
 
 host-a copies its part of step 5 and waits for host-b. While host-b has a run of the step (queued),
-host-a asks for nothing. Once there is none, it schedules one promote-part run on
-host-b's deployment ``promote.catch_up_after_s`` later (a second run of host-a asks again and
-finds that run: one per node, whoever asks). That run, executed as host-b's agent would, copies
-host-b's part and publishes the step.
+or while someone holds host-b's part lease (copying it), host-a asks for nothing. Once there is
+neither, it schedules one promote-part run on host-b's deployment ``promote.catch_up_after_s``
+later (a second run of host-a asks again and finds that run: one per node, whoever asks). That run,
+executed as host-b's agent would, copies host-b's part and publishes the step.
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ import pytest
 import yaml
 from two_node_hot import RUN, build_two_node_world
 
+from ckptflow.catalog import Catalog, LeaseGrant
 from ckptflow.flows.pinned import CONFIG_DIR_ENV
 from ckptflow.services.prefect_server import PrefectServer
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
+from ckptflow.tasks.part_ops import part_lease
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -66,6 +68,20 @@ def test_a_node_whose_run_was_lost_is_asked_once_and_its_part_arrives(
     assert waiting["action"] == "part copied" and "catch_up" not in waiting, waiting
     with get_client(sync_client=True) as client:
         client.delete_flow_run(queued.id)  # now as if the automation's action had failed
+
+    # While someone holds host-b's part lease (copying it now: a replacement, or its run before
+    # Prefect recorded it), nobody is asked either: the catalog answers before Prefect is asked.
+    catalog = Catalog.open(f"sqlite:///{tmp_path / 'catalog.db'}")
+    try:
+        copier = catalog.acquire_lease(
+            RUN, 5, "warm", part_lease(1), holder="host-b copying", purpose="promote-part", ttl_s=60
+        )
+        assert isinstance(copier, LeaseGrant)
+        copying = promote_part(RUN, 5, str(configs["host-a"]), "host-a")
+        assert copying["action"] == "part copied" and "catch_up" not in copying, copying
+        catalog.release_leases([copier.token])
+    finally:
+        catalog.dispose()
 
     asked_at = datetime.now(UTC)
     first = promote_part(RUN, 5, str(configs["host-a"]), "host-a")
