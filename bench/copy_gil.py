@@ -5,7 +5,7 @@
 
 A ``promote-part`` flow run copies its node's part on the warm tier's threads (``PosixTier.put_files``:
 ``sendfile``, then the CRC64NVME of the mapped copy) while its main thread does the bookkeeping that
-does not gate the copy (catalog writes, a Prefect look-up). Each file's copy gives the GIL up and
+does not gate the copy (catalog writes). Each file's copy gives the GIL up and
 takes it back several times, and ``awscrt``'s CRC64NVME runs holding it, so every Python thread that
 runs beside the copy can make the copy threads wait. This bench measures how much, in one process,
 alternating A B A B over ``--rounds`` rounds (median):

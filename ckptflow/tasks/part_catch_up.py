@@ -88,7 +88,10 @@ def waited_nodes(manifest: Manifest, lacking: list[str], asking_host: str) -> li
 
 def parts_being_copied(catalog: Catalog, run: str, step: int, tier: str) -> set[int]:
     """The save-time nodes whose part of (run, step) someone is copying to ``tier`` now: their
-    part lease is live (its holder heartbeats it while it copies)."""
+    part lease is live (its holder heartbeats it while it copies). A copier killed outright keeps
+    its lease until it expires (``promote.lease_ttl_s``), and its part counts as being copied until
+    then; a Prefect run killed the same way stays RUNNING until Prefect marks it crashed, so the
+    Prefect look-up would not ask for it either: that node's housekeeping promotes the part."""
     live = catalog.leases(run, step, tier, live_at=utcnow())
     return {k for lease in live if (k := node_of_part_lease(lease.part)) is not None}
 
@@ -136,7 +139,16 @@ def ask_for_catch_up(
     waited = waited_nodes(manifest, lacking, asking_host)
     if after_s <= 0 or not waited:
         return []
-    copying = parts_being_copied(catalog, manifest.run, manifest.step, tier)
+    try:
+        copying = parts_being_copied(catalog, manifest.run, manifest.step, tier)
+    except Exception as exc:  # noqa: BLE001 - nothing here raises: Prefect is asked about them all
+        log.warning(
+            "reading the part leases of %s step %d failed (%s); asking Prefect",
+            manifest.run,
+            manifest.step,
+            exc,
+        )
+        copying = set()
     hosts = [h for k, h in waited if k not in copying]
     if not hosts:
         return []

@@ -120,7 +120,7 @@ def part_lease(node: int) -> str:
 def node_of_part_lease(part: str) -> int | None:
     """The save-time node of a :func:`part_lease` name; None for any other lease (``all``)."""
     number = part.removeprefix(PART_LEASE_PREFIX)
-    return int(number) if number != part and number.isdigit() else None
+    return int(number) if number != part and number.isascii() and number.isdigit() else None
 
 
 def paths_by_part(manifest: Manifest, paths: list[str]) -> dict[str, list[str]]:

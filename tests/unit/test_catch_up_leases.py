@@ -35,6 +35,8 @@ def test_a_part_lease_names_its_node_and_nothing_else_does() -> None:
     assert node_of_part_lease("all") is None
     assert node_of_part_lease("part-") is None and node_of_part_lease("part-x") is None
     assert node_of_part_lease("host-a") is None
+    assert node_of_part_lease("part-\u00b2") is None  # a digit to str.isdigit, not to int()
+    assert node_of_part_lease("part-\u0663") is None  # an Arabic-Indic 3: not a lease this writes
 
 
 def test_only_live_part_leases_of_that_step_and_tier_count_as_being_copied(catalog: Catalog) -> None:
@@ -62,3 +64,31 @@ def test_nodes_being_copied_are_not_asked_about_and_prefect_is_not_called(
     _lease(catalog, part_lease(2), ttl_s=60)
     monkeypatch.setattr(prefect, "get_client", no_prefect)
     assert ask_for_catch_up(manifest, lacking, 30.0, "host-0", catalog, "warm") == []
+
+
+def test_a_catalog_that_cannot_be_read_leaves_the_question_to_prefect(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import prefect
+
+    def unreadable(*args: object, **kwargs: object) -> None:
+        raise OSError("database is locked")
+
+    asked: list[str] = []
+
+    class NoRuns:
+        def __enter__(self) -> NoRuns:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def read_deployment_by_name(self, name: str) -> None:
+            asked.append(name)
+            raise LookupError("no such deployment")
+
+    _lease(catalog, part_lease(1), ttl_s=60)
+    monkeypatch.setattr(catalog, "leases", unreadable)
+    monkeypatch.setattr(prefect, "get_client", lambda **kwargs: NoRuns())
+    assert ask_for_catch_up(_manifest(2), ["__1_0.distcp"], 30.0, "host-0", catalog, "warm") == []
+    assert asked == ["promote-part/node-host-1"]  # no answer from the catalog: Prefect is asked
