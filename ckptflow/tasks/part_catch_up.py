@@ -12,12 +12,13 @@ whoever holds it), so nothing was lost there. That is the usual case (the other 
 copying), and it costs one catalog read instead of two Prefect requests per node. For each node
 left, it looks for a ``promote-part`` run of the checkpoint on that node's deployment. Only where
 there is none (or only failed ones) does it schedule one, ``promote.catch_up_after_s`` later, which
-does the lost run's work on that node. Each such run's idempotency key names (run, step, save, node), so two
-nodes asking at once still make one. A node whose run is merely queued behind others is not given
-a second one: on a loaded cluster that would add work exactly where it is already late. The bound
-keeps the cost per checkpoint constant: only the last few nodes to finish ask (the first finishers
-of a 1,000-node job wait for hundreds of nodes that are merely slower), each for a few.
-Nothing here raises: if Prefect cannot take the runs, housekeeping is still there (logged).
+does the lost run's work on that node. Each such run's idempotency key names (run, step, save,
+node), so two nodes asking at once still make one. A node whose run is merely queued behind
+others is not given a second one: on a loaded cluster that would add work exactly where it is
+already late. The bound keeps the cost per checkpoint constant: only the last few nodes to finish
+ask (the first finishers of a 1,000-node job wait for hundreds of nodes that are merely slower),
+each for a few. Nothing here raises: if the catalog or Prefect cannot answer, or Prefect cannot
+take the runs, housekeeping is still there (logged).
 """
 
 from __future__ import annotations
