@@ -41,8 +41,11 @@ with it, so its ratios are indicative only); a full run measures each part alone
 Absolute numbers are noisy on a shared 2-core machine; the ratios, measured side by side, are the
 result. The last line is machine-readable: ``warm_vs_copy=... cold_vs_boto3=...
 put_vs_durable_copy=... warm_vs_durable_copy=... overhead_frac=... engine_frac=... in_flow_frac=...
-caller_overhead_frac=... staged_to_warm_s=... overhead_spread=MIN..MAX nodes=N process_per_run=0|1
-keep_copies=0|1 part_task_runs=...`` (the first three only without ``--only-flow``).
+caller_overhead_frac=... staged_to_warm_s=... overhead_s_per_run=... overhead_spread=MIN..MAX nodes=N
+process_per_run=0|1 keep_copies=0|1 part_task_runs=...`` (the first three only without
+``--only-flow``). ``overhead_s_per_run`` is the median orchestration of one node's part run in
+seconds, over every run of every attempt: the fixed cost that ``overhead_frac`` divides by a part's
+data time, which varies with the part's size and the disk.
 ``overhead_frac`` splits into ``engine_frac`` (Prefect's time in the recorded run outside the flow
 function: its state changes and run context, which no flow code can shorten) and ``in_flow_frac``
 (the flow's own orchestration); each is the median over attempts, so the two need not add up
@@ -570,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
             "in_flow_frac",
             "caller_overhead_frac",
             "staged_to_warm_s",
+            "overhead_s_per_run",
         )
     )
     print_verdicts(figures)
