@@ -101,15 +101,15 @@ class PartPlan:
         return [f"node {k} ({host or '?'})" for k, host in owners_of(manifest, self.waiting_for)]
 
 
-PART_LEASE_PREFIX = "part-"
-
-
 def owners_of(manifest: Manifest, paths: list[str]) -> list[tuple[int, str | None]]:
     """(save-time node, its host, None if the manifest names none) of every node with a file in
     ``paths``, by node."""
     wanted = set(paths)  # once: built per entry it made this quadratic in the files
     hosts = {n.node: n.host for n in manifest.nodes}
     return [(k, hosts.get(k)) for k in sorted({e.node for e in manifest.files if e.path in wanted})]
+
+
+PART_LEASE_PREFIX = "part-"  # the lease ``part`` of a node's part: ``part-<save-time node>``
 
 
 def part_lease(node: int) -> str:
