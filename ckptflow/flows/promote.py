@@ -171,7 +171,16 @@ def _verify_source(
             record_replica(config_path, checkpoint_id, source, "corrupt", uri=first["uri"], reason=detail)
         raise PromotionError(f"{source} copy of {run} step {step} is not usable: {detail}")
     record_replica.fn(config_path, checkpoint_id, source, "ready", uri=first["uri"], bytes=first["bytes"])
-    return [{"tier": source, "action": "verified", "files": 0, "bytes": 0, "uri": first["uri"]}]
+    return [
+        {
+            "tier": source,
+            "action": "verified",
+            "files": 0,
+            "bytes": 0,
+            "data_s": round(first["seconds"], 3),
+            "uri": first["uri"],
+        }
+    ]
 
 
 def _slug(text: str) -> str:

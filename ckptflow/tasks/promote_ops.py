@@ -26,7 +26,8 @@ class TierSteps:
     """How :func:`promote_to_tier` looks, records, copies, commits and verifies (the flow's tasks).
 
     ``present(config_path, run, step, tier)``: does the tier show a committed copy (its manifest);
-    ``verify(config_path, run, step, tier)``: the ``verify_replica`` report (ok, uri, bytes, problems);
+    ``verify(config_path, run, step, tier)``: the ``verify_replica`` report (ok, uri, bytes, problems,
+    seconds: its time inside the tier's verify call);
     ``record(config_path, checkpoint_id, tier, state, uri=, bytes=, reason=)``: a replica state;
     ``copy_batches(tier, batches)``: copy every batch, one result dict (files, bytes, seconds) each;
     ``commit(config_path, run, step, tier, source)``: publish the copy (manifest last), its URI;
@@ -53,7 +54,12 @@ def promote_to_tier(
 ) -> dict[str, Any]:
     """Make ``tier``'s replica of (run, step) from ``source`` and verify it; a report row (tier,
     action ``already verified`` or ``copied``, files, bytes, data_s, seconds, uri). Raises
-    :class:`PromotionError` when the committed copy does not verify (recorded CORRUPT first)."""
+    :class:`PromotionError` when the committed copy does not verify (recorded CORRUPT first).
+
+    ``data_s``: the seconds inside the data-moving calls: the copy (its slowest batch: the batches
+    run at once) and every verification of the tier's copy (re-hash, or S3's stored checksums);
+    ``seconds - data_s`` is this tier's orchestration (catalog writes, task runs, the commit's
+    manifest)."""
     started = time.perf_counter()
     # A manifest lookup (one stat or GET) decides whether there is anything to re-verify: a fresh
     # tier, the common case, costs no verification pass.
@@ -61,6 +67,7 @@ def promote_to_tier(
         existing = steps.verify(config_path, run, step, tier)
     else:
         existing = {"ok": False, "uri": steps.uri(run, step, tier)}
+    verified_s = float(existing.get("seconds", 0.0))
     if existing["ok"]:
         steps.record(config_path, checkpoint_id, tier, "ready", uri=existing["uri"], bytes=existing["bytes"])
         return {
@@ -68,7 +75,7 @@ def promote_to_tier(
             "action": "already verified",
             "files": 0,
             "bytes": 0,
-            "data_s": 0.0,
+            "data_s": round(verified_s, 3),
             "seconds": round(time.perf_counter() - started, 3),
             "uri": existing["uri"],
         }
@@ -87,7 +94,10 @@ def promote_to_tier(
         "action": "copied",
         "files": sum(c["files"] for c in copied),
         "bytes": sum(c["bytes"] for c in copied),
-        "data_s": round(max((c["seconds"] for c in copied), default=0.0), 3),
+        "data_s": round(
+            verified_s + max((c["seconds"] for c in copied), default=0.0) + float(report.get("seconds", 0.0)),
+            3,
+        ),
         "seconds": round(time.perf_counter() - started, 3),
         "uri": uri,
     }

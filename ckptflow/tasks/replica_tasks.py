@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +68,16 @@ def commit_replica(config_path: str, run: str, step: int, tier: str, source: str
 
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def verify_replica(config_path: str, run: str, step: int, tier: str) -> dict[str, Any]:
-    """Check a tier's copy against its manifest (POSIX: re-hash; S3: stored full-object CRCs)."""
+    """Check a tier's copy against its manifest (POSIX: re-hash; S3: stored full-object CRCs).
+    ``seconds``: the time inside the tier's verify call (data time: reading the copy's bytes or its
+    stored checksums), so a flow can tell its orchestration from its data."""
     _, tiers = load(config_path)
+    started = time.perf_counter()
     report = tiers[tier].verify(run, step, progress.sink())
+    seconds = time.perf_counter() - started
     return {
         "ok": report.ok,
+        "seconds": seconds,
         "uri": report.uri,
         "problems": [str(p) for p in report.problems],
         "bytes": report.manifest.total_bytes if report.manifest else 0,

@@ -117,3 +117,32 @@ def test_a_copy_that_does_not_verify_is_recorded_corrupt_and_raises(world, tmp_p
         )
     cold = {r.tier: r for r in catalog.replicas(cid)}["cold"]
     assert cold.state == ReplicaState.CORRUPT and "__1_0.distcp" in (cold.reason or "")
+
+
+def test_data_time_is_the_slowest_batch_plus_every_verification_of_the_tier(world) -> None:
+    """A row's ``data_s`` is what the tier calls measured themselves (the orchestration is the rest of
+    ``seconds``), so a bench can take the promotion's overhead from the same run."""
+    config_path, _catalog, cid, batches = world
+    plain = _steps(config_path)
+    copies: list[float] = []
+    verifies: list[float] = []
+
+    def copy_batches(tier: str, batch_list: list[list[str]]) -> list[dict[str, Any]]:
+        rows = plain.copy_batches(tier, batch_list)
+        copies.extend(r["seconds"] for r in rows)
+        return rows
+
+    def verify(*args: Any) -> dict[str, Any]:
+        report = plain.verify(*args)
+        verifies.append(report["seconds"])
+        return report
+
+    steps = TierSteps(plain.present, verify, plain.record, copy_batches, plain.commit, plain.uri)
+    row = promote_to_tier(config_path, RUN, STEP, "cold", "warm", batches, cid, steps)
+    assert len(copies) == 2 and len(verifies) == 1  # a fresh tier: no verification before the copy
+    assert row["data_s"] == round(max(copies) + verifies[0], 3)
+    assert 0 <= row["data_s"] <= row["seconds"]
+
+    again = promote_to_tier(config_path, RUN, STEP, "cold", "warm", batches, cid, steps)
+    assert again["action"] == "already verified" and len(verifies) == 2
+    assert again["data_s"] == round(verifies[1], 3)
