@@ -4,7 +4,7 @@
     .venv/bin/python bench/promote.py --nodes 2  # the flow on two nodes' parts (512 files each)
     .venv/bin/python bench/promote.py --flow-mib 64   # the flow on 1,024 x 64 KiB (per-file costs dominate)
     .venv/bin/python bench/promote.py --quick    # smoke run, about two minutes (see --help)
-    .venv/bin/python bench/promote.py --only-flow --nodes 2   # part 3 only (no S3)
+    .venv/bin/python bench/promote.py --only-flow --nodes 2   # part 3's warm hop only (no S3)
     .venv/bin/python bench/promote.py --only-flow --nodes 2 --process-per-run  # as `ckptflow agent` runs
     .venv/bin/python bench/promote.py --files 16 --mib 1024   # few big files (4 x 64 MiB to S3)
 
@@ -22,34 +22,40 @@ under ``--dir`` (removed at the end, servers stopped by pid, even on failure):
    sent as a full-object checksum the server verifies, then proven by HeadObject, manifest last)
    against boto3 ``upload_file`` of every file, one after another, with the default
    ``TransferConfig``. Same bytes, one pre-created bucket, a fresh prefix per attempt.
-3. The promotion to warm as the pipeline runs it (``bench/promote_parts.py``): the checkpoint split
-   into ``--nodes`` nodes' parts, each node's own hot root; at the decision one ``promote-part``
-   flow run per node (real Prefect server) is executed by that node's agent (a process per node)
-   and copies its part to warm, and warm is published once. Overhead is measured inside each flow
-   run: its wall time as Prefect records it minus the seconds it spent in its data-moving calls
-   (which the flow returns, ``data_s``), ``overhead_frac`` = overhead / data time
-   (``caller_overhead_frac``: the same with the agent's wall time, Prefect's start and finish
-   around the run included);
-   ``warm_vs_durable_copy`` = its data throughput against a plain durable copy (copyfile + syncfs +
-   fsync) of the same bytes in the same attempt; ``staged_to_warm_s`` = decision to warm published.
-   Median and spread of ``--flow-repeats`` (5) attempts; then, with S3, the central ``promote``
-   (verify warm, warm -> cold) runs once on the published copy, for context.
+3. The promotion as the pipeline runs it (``bench/promote_parts.py``): the checkpoint split into
+   ``--nodes`` nodes' parts, each node's own hot root; at the decision one ``promote-part`` flow run
+   per node (real Prefect server) is executed by that node's agent (a process per node) and copies
+   its part to warm, and warm is published once; then (with S3, not with ``--only-flow``) the
+   central ``promote`` flow run, as the ``published`` event starts it, verifies warm and copies it
+   to cold (verified). Overhead is measured inside each flow run: its wall time as Prefect records
+   it minus the seconds it spent in its data-moving calls, which the flow returns (``data_s``: the
+   part runs' copy and publish; the central run's re-hash of warm, copy to cold and check of cold).
+   ``overhead_frac`` = the whole promotion's overhead over its data time (every flow run of the
+   attempt: the part runs and the central run), the figure the single-node bench measured on its one
+   ``promote`` run from hot to cold; ``warm_overhead_frac`` = the same for the part runs alone (the
+   warm hop), a fixed cost per part run over a part's copy time (``caller_overhead_frac``: the same
+   with the agent's wall time, Prefect's start and finish around the run included);
+   ``warm_vs_durable_copy`` = the part runs' data throughput against a plain durable copy (copyfile +
+   syncfs + fsync) of the same bytes in the same attempt; ``staged_to_warm_s`` = decision to warm
+   published. Median and spread of ``--flow-repeats`` (5) attempts.
 
 ``--quick`` boots the Prefect server in the background while hops 1 and 2 run (they share the CPU
 with it, so its ratios are indicative only); a full run measures each part alone.
 
 Absolute numbers are noisy on a shared 2-core machine; the ratios, measured side by side, are the
 result. The last line is machine-readable: ``warm_vs_copy=... cold_vs_boto3=...
-put_vs_durable_copy=... warm_vs_durable_copy=... overhead_frac=... engine_frac=... in_flow_frac=...
-caller_overhead_frac=... staged_to_warm_s=... overhead_s_per_run=... overhead_spread=MIN..MAX nodes=N
-process_per_run=0|1 keep_copies=0|1 part_task_runs=...`` (the first three only without
-``--only-flow``). ``overhead_s_per_run`` is the median orchestration of one node's part run in
-seconds, over every run of every attempt: the fixed cost that ``overhead_frac`` divides by a part's
-data time, which varies with the part's size and the disk.
-``overhead_frac`` splits into ``engine_frac`` (Prefect's time in the recorded run outside the flow
-function: its state changes and run context, which no flow code can shorten) and ``in_flow_frac``
-(the flow's own orchestration); each is the median over attempts, so the two need not add up
-exactly.
+put_vs_durable_copy=... warm_vs_durable_copy=... overhead_frac=... warm_overhead_frac=...
+engine_frac=... in_flow_frac=... caller_overhead_frac=... staged_to_warm_s=... overhead_s_per_run=...
+central_overhead_s=... overhead_spread=MIN..MAX warm_overhead_spread=MIN..MAX nodes=N
+process_per_run=0|1 keep_copies=0|1 part_task_runs=...`` (without ``--only-flow``; with it, neither
+the first three nor ``overhead_frac``, ``central_overhead_s`` and ``overhead_spread``).
+``overhead_s_per_run`` is the median orchestration of one node's part run in seconds, over every
+run of every attempt: the fixed cost that ``warm_overhead_frac`` divides by a part's data time,
+which varies with the part's size and the disk; ``central_overhead_s`` the central run's, median
+over attempts. ``warm_overhead_frac`` splits into ``engine_frac`` (Prefect's time in the recorded
+part runs outside the flow function: their state changes and run context, which no flow code can
+shorten) and ``in_flow_frac`` (the flow's own orchestration); each is the median over attempts, so
+the two need not add up exactly.
 """
 
 from __future__ import annotations
@@ -438,7 +444,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "removal between the two arms changes how fast the next one writes",
     )
     parser.add_argument(
-        "--only-flow", action="store_true", help="skip hops 1-2 (no S3, no central promote): part 3 only"
+        "--only-flow",
+        action="store_true",
+        help="skip hops 1-2 and S3: part 3's warm hop only (no central promote, no overhead_frac)",
     )
     parser.add_argument(
         "--quick",
@@ -535,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         clock.say("waiting for the Prefect server (importing the flow meanwhile)")
         boot.wait()
-        attempts, tasks, central = bench_parts(
+        attempts, tasks = bench_parts(
             nodes,
             manifest,
             args.flow_repeats,
@@ -562,24 +570,32 @@ def main(argv: list[str] | None = None) -> int:
     figures = print_hops(hops[0], hops[1], args) if hops is not None else {}
     print()
     parts = print_parts_report(
-        attempts, tasks, central, manifest.total_bytes, len(manifest.files), parallel=not args.serial_nodes
+        attempts, tasks, manifest.total_bytes, len(manifest.files), parallel=not args.serial_nodes
     )
     figures.update(
         (k, parts[k])
         for k in (
             "warm_vs_durable_copy",
             "overhead_frac",
+            "warm_overhead_frac",
             "engine_frac",
             "in_flow_frac",
             "caller_overhead_frac",
             "staged_to_warm_s",
             "overhead_s_per_run",
+            "central_overhead_s",
         )
+        if k in parts  # overhead_frac and central_overhead_s: with a cold tier only
     )
     print_verdicts(figures)
-    n_tasks = sum(sum(c.values()) for c in tasks.values())
+    if "overhead_frac" not in figures:
+        print("overhead_frac          (the whole promotion needs S3: run without --only-flow)")
+    n_tasks = sum(sum(c.values()) for host, c in tasks.items() if host != "central promote")
     line = {k: sig3(v) for k, v in figures.items()}
-    line["overhead_spread"] = f"{sig3(parts['overhead_frac_min'])}..{sig3(parts['overhead_frac_max'])}"
+    for name in ("overhead_frac", "warm_overhead_frac"):
+        if name in figures:
+            spread_key = name.replace("_frac", "_spread")
+            line[spread_key] = f"{sig3(parts[f'{name}_min'])}..{sig3(parts[f'{name}_max'])}"
     line["nodes"] = str(args.nodes)
     line["process_per_run"] = str(int(args.process_per_run))
     line["keep_copies"] = str(int(args.keep_copies))

@@ -1,4 +1,4 @@
-"""The promotion to warm on N simulated nodes, its overhead measured inside each flow run.
+"""The promotion on N simulated nodes (to warm, then cold), its overhead measured inside each run.
 
 Used by ``bench/promote.py`` (part 3). A checkpoint of ``--flow-files`` files is written as N
 nodes' parts: node k's hot root (its own directory, as node-local NVMe would be) holds its share of
@@ -19,22 +19,28 @@ What is measured, per attempt (``--flow-repeats``, at least 5 for the figures; m
 - each part flow run's wall time as Prefect records it (from its RUNNING state to its final state:
   what the UI shows), and the seconds it spent inside its data-moving calls (copy + CRC + fsync,
   publish), which the flow itself measures and returns (``data_s``,
-  :mod:`ckptflow.tasks.data_time`). Overhead = wall - data of the *same* run; ``overhead_frac`` =
-  sum over nodes of overhead / sum of data time. ``caller_overhead_frac`` is the same from the
-  agent's side: its wall time runs from taking the created run to Prefect's engine returning, so it
-  adds the engine starting the run before RUNNING and, after the final state, joining the flow-run
-  heartbeat thread, which sleeps in 1 s steps (0-1 s per run, which delays no publication).
+  :mod:`ckptflow.tasks.data_time`). Overhead = wall - data of the *same* run;
+  ``warm_overhead_frac`` = sum over nodes of overhead / sum of data time. ``caller_overhead_frac``
+  is the same from the agent's side: its wall time runs from taking the created run to Prefect's
+  engine returning, so it adds the engine starting the run before RUNNING and, after the final
+  state, joining the flow-run heartbeat thread, which sleeps in 1 s steps (0-1 s per run, which
+  delays no publication).
 - a plain durable copy of the same bytes in the same attempt, per node the same way (parallel or
   serial): ``shutil.copyfile`` of each of the node's files, then ``syncfs`` and an fsync of the
   directory. ``warm_vs_durable_copy`` = the promotion's data throughput over that copy's
   (sum of copy seconds / sum of data seconds). The two alternate which goes first.
+- with a cold tier (S3), the central ``promote`` flow run that the ``published`` event starts on
+  the pipeline's worker (here: the bench's process), on the published warm copy: re-hash warm, copy
+  it to cold, check cold's stored checksums. Its data time is what its rows report (``data_s`` per
+  tier, measured inside the tasks around the tier calls), its overhead again wall - data of the run.
+  ``overhead_frac`` = the whole promotion's overhead (part runs + central run) over its data time:
+  what the single-node bench measured on its one ``promote`` run from hot to cold.
 - ``staged_to_warm_s``: from the decision to the return of the flow function that published warm
   (its manifest written last and renamed into place, the ``published`` event queued), creating
   the flow runs included (the agents' polling, seconds in a deployment, is not part of it).
 
 Both read the hot files from the page cache; dirty pages are flushed between attempts, outside the
-timings. After the last attempt, the central ``promote`` (verify warm, warm -> cold) runs once on the
-published copy, for context (wall time and task runs; its cold hop is benchmarked in part 2).
+timings.
 """
 
 from __future__ import annotations
@@ -211,14 +217,45 @@ class PartRun:
 
 
 @dataclass
+class Central:
+    """The central ``promote`` on the published warm copy (verify warm, warm -> cold, verify cold),
+    run by the pipeline's worker after the ``published`` event: here, by the bench's process."""
+
+    wall_s: float  # as Prefect records the run: from its RUNNING state to its final state
+    rows: list[dict[str, Any]]  # the flow's rows, one per tier, each with its data_s
+    flow_run_id: Any
+
+    @property
+    def data_s(self) -> float:
+        """Its time inside the data-moving calls: warm's re-hash, the copy to cold, cold's check."""
+        return sum(float(r.get("data_s", 0.0)) for r in self.rows)
+
+    @property
+    def overhead_s(self) -> float:
+        return self.wall_s - self.data_s
+
+
+@dataclass
 class PartsAttempt:
     parts: list[PartRun]
     durable_s: list[float]  # per node: a plain durable copy of the same files
     staged_to_warm_s: float
     created_s: float  # creating the nodes' flow runs, from the decision (inside staged_to_warm_s)
+    central: Central | None = None  # the promotion's last flow run (with S3 only)
 
     @property
-    def overhead_frac(self) -> float:
+    def overhead_frac(self) -> float | None:
+        """The whole promotion's orchestration over its data time: every flow run that moves the
+        checkpoint (each node's part run to warm, then the central run from warm to cold), each
+        run's overhead taken inside that run. None without a cold tier (``--only-flow``)."""
+        if self.central is None:
+            return None
+        overhead = sum(p.overhead_s for p in self.parts) + self.central.overhead_s
+        return overhead / (sum(p.data_s for p in self.parts) + self.central.data_s)
+
+    @property
+    def warm_overhead_frac(self) -> float:
+        """The same for the warm hop alone: the nodes' part runs."""
         return sum(p.overhead_s for p in self.parts) / sum(p.data_s for p in self.parts)
 
     @property
@@ -240,15 +277,6 @@ class PartsAttempt:
     @property
     def vs_durable(self) -> float:
         return sum(self.durable_s) / sum(p.data_s for p in self.parts)
-
-
-@dataclass
-class Central:
-    """The central ``promote`` (verify warm, warm -> cold) run once after the timed attempts."""
-
-    wall_s: float
-    rows: list[dict[str, Any]]
-    tasks: Counter[str]
 
 
 @dataclass
@@ -446,8 +474,10 @@ def bench_parts(
     clock: Say,
     process_per_run: bool = False,
     keep_copies: bool = False,
-) -> tuple[list[PartsAttempt], dict[str, Counter[str]], Central | None]:
-    """``repeats`` attempts (promotion and durable copy alternating), then one central promote.
+) -> tuple[list[PartsAttempt], dict[str, Counter[str]]]:
+    """``repeats`` attempts (promotion and durable copy alternating; with a cold tier, each
+    promotion ends with the central promote from warm to cold); the task runs of the last one's
+    flow runs, by flow run.
     ``process_per_run``: each part run in a new agent process (:class:`part_agents.NodeAgents`).
     ``keep_copies``: each attempt's copies stay until the end instead of being removed right after
     it (see :func:`_attempts`)."""
@@ -479,7 +509,7 @@ def _attempts(
     parallel: bool,
     clock: Say,
     keep_copies: bool = False,
-) -> tuple[list[PartsAttempt], dict[str, Counter[str]], Central | None]:
+) -> tuple[list[PartsAttempt], dict[str, Counter[str]]]:
     """The timed attempts. By default each copy is removed as soon as its attempt no longer needs
     it. On a disk mounted with online discard (this machine's), each removal discards its blocks
     synchronously, and the next copy then writes into freshly discarded space or not, depending on
@@ -514,6 +544,7 @@ def _attempts(
             got["created_s"], got["parts"] = promote_parts(
                 stack, agents, deployment_ids, f"a{r}", manifest, parallel
             )
+            got["central"] = run_central(stack, f"a{r}") if stack.cold is not None else None
             if r < repeats - 1:
                 done_with(stack.directory / f"warm-a{r}")
 
@@ -531,33 +562,46 @@ def _attempts(
         publish = next(p for p in parts if p.row["action"] == "published")
         # Warm is published when the publishing flow function returns (manifest renamed into place,
         # the published event queued); Prefect finishing its run after that delays nothing.
-        attempt = PartsAttempt(parts, got["durable"], publish.body_end_s, got["created_s"])
+        central = got["central"]
+        attempt = PartsAttempt(parts, got["durable"], publish.body_end_s, got["created_s"], central)
         attempts.append(attempt)
         last = parts
         clock.say(
             f"  attempt {r}: part flows "
             + ", ".join(f"{p.host} {p.wall_s:.2f} s (data {p.data_s:.2f})" for p in parts)
             + f"; durable copy {' + '.join(f'{s:.2f}' for s in got['durable'])} s; "
-            f"overhead_frac {attempt.overhead_frac:.3f} (agent's view {attempt.caller_overhead_frac:.3f}), "
-            f"vs durable {attempt.vs_durable:.3f}"
+            f"warm_overhead_frac {attempt.warm_overhead_frac:.3f} (agent's view "
+            f"{attempt.caller_overhead_frac:.3f}), vs durable {attempt.vs_durable:.3f}"
+            + (
+                ""
+                if central is None
+                else f"; central promote {central.wall_s:.2f} s (data {central.data_s:.2f}); "
+                f"overhead_frac {attempt.overhead_frac:.3f}"
+            )
         )
     tasks = {p.host: count_task_runs(p.flow_run_id) for p in last}
-    central = None
-    if stack.cold is not None:
-        central = run_central(stack, f"a{repeats - 1}")
-        clock.say(f"  central promote (warm verify, warm -> cold): {central.wall_s:.2f} s")
+    if last_central := attempts[-1].central:
+        tasks["central promote"] = count_task_runs(last_central.flow_run_id)
     settle(stack.directory / f"warm-a{repeats - 1}")
-    return attempts, tasks, central
+    return attempts, tasks
 
 
 def run_central(stack: NodeStack, label: str) -> Central:
-    """The pipeline's ``promote`` on the published warm copy: verify it, copy it to cold, verify."""
+    """The pipeline's ``promote`` on the published warm copy: verify it, copy it to cold, verify.
+
+    Its config is the central worker's: the attempt's catalog and warm root, the cold tier, and a hot
+    root of its own that it never reads (the checkpoint is in the catalog)."""
     from ckptflow.flows.promote import promote
 
-    config = stack.config(label, stack.hot_root(0), stack.directory / f"warm-{label}", cold=True)
-    seconds, state = timed(lambda: promote(RUN, STEP, str(config), return_state=True))
+    worker_hot = stack.directory / "central" / "hot"
+    config = stack.config(label, worker_hot, stack.directory / f"warm-{label}", cold=True)
+    state = promote(RUN, STEP, str(config), return_state=True)
     rows = state.result()
-    return Central(seconds, rows, count_task_runs(state.state_details.flow_run_id))
+    copied = [r for r in rows if r["tier"] == "cold"]
+    if [r["action"] for r in copied] != ["copied"]:
+        raise RuntimeError(f"the central promote did not copy the checkpoint to cold: {rows}")
+    flow_run_id = state.state_details.flow_run_id
+    return Central(recorded_spans([flow_run_id])[0], rows, flow_run_id)
 
 
 # ---------------------------------------------------------------------------------- report
@@ -570,7 +614,6 @@ def spread(values: list[float]) -> tuple[float, float, float, float]:
 def print_parts_report(
     attempts: list[PartsAttempt],
     tasks: dict[str, Counter[str]],
-    central: Central | None,
     nbytes: int,
     files: int,
     parallel: bool,
@@ -591,17 +634,30 @@ def print_parts_report(
                 f"{p.engine_s:>8.3f} {p.in_body_s:>9.3f} {p.caller_wall_s:>8.3f}   "
                 f"{phases} ({p.row['action']}) | {durable:.3f}"
             )
+        if a.central is not None:
+            c = a.central
+            phases = " ".join(f"{r['tier']}={float(r.get('data_s', 0.0)):.2f}" for r in c.rows)
+            print(
+                f"  {i:<8} {'central':<14} {c.wall_s:>7.3f} {c.data_s:>7.3f} {c.overhead_s:>10.3f} "
+                f"{'':>8} {'':>9} {'':>8}   {phases} (warm verified, cold copied and verified)"
+            )
         print(
-            f"  {'':<8} {'all':<14} overhead_frac {a.overhead_frac:.3f} (agent's view "
+            f"  {'':<8} {'all':<14} warm_overhead_frac {a.warm_overhead_frac:.3f} (agent's view "
             f"{a.caller_overhead_frac:.3f}), warm_vs_durable_copy {a.vs_durable:.3f}, staged_to_warm "
             f"{a.staged_to_warm_s:.3f} s (creating the runs {a.created_s:.3f} s)"
+            + (
+                ""
+                if a.overhead_frac is None
+                else f"; the whole promotion: overhead_frac {a.overhead_frac:.3f}"
+            )
         )
     print(
         "  (wall = the flow run as Prefect records it, RUNNING to final state; overhead = wall - data =\n"
         "   engine: Prefect's share of the run outside the flow function + in flow: the body's wall time,\n"
         "   which the flow returns, minus its data time; agent = the same run as its agent times it,\n"
         "   Prefect starting it before RUNNING and joining its heartbeat thread after the final state\n"
-        "   included)"
+        "   included; central = the promote flow from warm to cold, data = warm's re-hash + the copy to\n"
+        "   cold + cold's checksum check, as its rows report them)"
     )
     engine = statistics.median(sum(p.engine_s for p in a.parts) for a in attempts)
     in_body = statistics.median(sum(p.in_body_s for p in a.parts) for a in attempts)
@@ -618,26 +674,33 @@ def print_parts_report(
         f"{statistics.median(p.in_body_s for p in runs):.3f} s (medians: need not add up); "
         f"data {statistics.median(p.data_s for p in runs):.3f} s"
     )
-    for host, counts in tasks.items():
+    centrals = [a.central for a in attempts if a.central is not None]
+    if centrals:
         print(
-            f"  task runs of {host}'s flow run (Prefect API): {sum(counts.values())}: "
-            + ", ".join(f"{name} x{c}" for name, c in sorted(counts.items()))
+            f"  central promote, median of {len(centrals)}: overhead "
+            f"{statistics.median(c.overhead_s for c in centrals):.3f} s, data "
+            f"{statistics.median(c.data_s for c in centrals):.3f} s"
         )
-    if central is not None:
-        tiers = " ".join(f"{r['tier']}:{r['action']}" for r in central.rows)
+    for name, counts in tasks.items():
         print(
-            f"  central promote once after (warm verify, warm -> cold): {central.wall_s:.2f} s, "
-            f"{sum(central.tasks.values())} task runs ({tiers})"
+            f"  task runs of {name}'s flow run (Prefect API): {sum(counts.values())}: "
+            + ", ".join(f"{task} x{c}" for task, c in sorted(counts.items()))
         )
     figures: dict[str, float] = {"overhead_s_per_run": per_run}
-    for name, values in (
-        ("overhead_frac", [a.overhead_frac for a in attempts]),
+    series = [
+        ("overhead_frac", [a.overhead_frac for a in attempts if a.overhead_frac is not None]),
+        ("warm_overhead_frac", [a.warm_overhead_frac for a in attempts]),
         ("caller_overhead_frac", [a.caller_overhead_frac for a in attempts]),
         ("engine_frac", [a.engine_frac for a in attempts]),
         ("in_flow_frac", [a.in_flow_frac for a in attempts]),
         ("warm_vs_durable_copy", [a.vs_durable for a in attempts]),
         ("staged_to_warm_s", [a.staged_to_warm_s for a in attempts]),
-    ):
+    ]
+    if centrals:
+        figures["central_overhead_s"] = statistics.median(c.overhead_s for c in centrals)
+    for name, values in series:
+        if not values:
+            continue  # overhead_frac without a cold tier
         lo, q1, q3, hi = spread(values)
         median = statistics.median(values)
         figures[name] = median
