@@ -6,6 +6,7 @@
     .venv/bin/python bench/promote.py --quick    # smoke run, about two minutes (see --help)
     .venv/bin/python bench/promote.py --only-flow --nodes 2   # part 3's warm hop only (no S3)
     .venv/bin/python bench/promote.py --only-flow --nodes 2 --process-per-run  # as `ckptflow agent` runs
+    .venv/bin/python bench/promote.py --nodes 2 --remove-copies  # each attempt's copies removed after it
     .venv/bin/python bench/promote.py --files 16 --mib 1024   # few big files (4 x 64 MiB to S3)
 
 Three measurements, each on a synthetic checkpoint with a real manifest (CRC64NVME per file),
@@ -37,7 +38,10 @@ under ``--dir`` (removed at the end, servers stopped by pid, even on failure):
    with the agent's wall time, Prefect's start and finish around the run included);
    ``warm_vs_durable_copy`` = the part runs' data throughput against a plain durable copy (copyfile +
    syncfs + fsync) of the same bytes in the same attempt; ``staged_to_warm_s`` = decision to warm
-   published. Median and spread of ``--flow-repeats`` (5) attempts.
+   published. Median and spread of ``--flow-repeats`` (5) attempts. Every attempt's copies stay
+   until the end (about 2 GiB per attempt on disk, 1 GiB more in SeaweedFS), so both arms write
+   into fresh blocks: removing them between the arms (``--remove-copies``) makes the next copy's
+   speed depend on which arm followed which removal on a disk with online discard.
 
 ``--quick`` boots the Prefect server in the background while hops 1 and 2 run (they share the CPU
 with it, so its ratios are indicative only); a full run measures each part alone.
@@ -437,11 +441,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "not in each node's long-running agent process: nothing a run touches is warm",
     )
     parser.add_argument(
-        "--keep-copies",
+        "--remove-copies",
         action="store_true",
-        help="part 3: keep every attempt's copies until the end (about 2 x the checkpoint per attempt on "
-        "disk) instead of removing each after its attempt: on a disk mounted with online discard, a "
-        "removal between the two arms changes how fast the next one writes",
+        help="part 3: remove each attempt's copies right after it, instead of keeping them all until "
+        "the end (the default, about 2 x the checkpoint per attempt on disk): on a disk mounted with "
+        "online discard a removal changes how fast the next copy writes, so the arms' ratio then "
+        "swings with their order",
     )
     parser.add_argument(
         "--only-flow",
@@ -550,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
             parallel=not args.serial_nodes,
             clock=clock,
             process_per_run=args.process_per_run,
-            keep_copies=args.keep_copies,
+            keep_copies=not args.remove_copies,
         )
         clock.say("done")
     finally:
@@ -598,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
             line[spread_key] = f"{sig3(parts[f'{name}_min'])}..{sig3(parts[f'{name}_max'])}"
     line["nodes"] = str(args.nodes)
     line["process_per_run"] = str(int(args.process_per_run))
-    line["keep_copies"] = str(int(args.keep_copies))
+    line["keep_copies"] = str(int(not args.remove_copies))
     line["part_task_runs"] = str(n_tasks)
     print(" ".join(f"{k}={v}" for k, v in line.items()))
     return 0
