@@ -153,15 +153,14 @@ def quoted_if_plain(value: Any) -> Any:
     """``value`` wrapped in Prefect's ``quote`` when it is a list or tuple of plain values only
     (str, int, float, bool, None); anything else unchanged.
 
-    Why: before a task run starts, Prefect walks every element of every parameter, more than once, for
-    futures and states to wait on and record as inputs (``collect_task_run_inputs`` and the engine's
-    parameter resolution). For a batch of 512 paths that walk takes 4-5 ms per task run on an idle
-    core, and about twice that while the node's copies share the CPU, on the critical path of every
-    promotion (measured: submit to the task's first line, 5.8 ms for 512 paths against 2.0 ms
-    quoted). A flat list of plain values holds no future, so the walk can find nothing; ``quote``
-    skips it, and the task engine unwraps it, so the task receives the list itself. The check is one
-    pass of ``type`` look-ups, and a list holding anything else (a future) is left for Prefect to
-    resolve as before.
+    Why: before a task run starts, Prefect walks every element of every parameter, more than once,
+    for futures and states to wait on and record as inputs (``collect_task_run_inputs`` and the
+    engine's parameter resolution). For a batch of 512 paths that walk took about 4 ms per task run
+    on an idle core (submit to the task's first line: 5.8 ms for 512 paths, 2.0 ms quoted), more
+    while the node's copies share the CPU, on the critical path of every promotion. A flat list of
+    plain values holds no future, so the walk can find nothing; ``quote`` skips it, and the task
+    engine unwraps it, so the task receives the list itself. The check is one pass of ``type``
+    look-ups, and a list holding anything else (a future) is left for Prefect to resolve as before.
     """
     if isinstance(value, list | tuple) and all(type(v) in _PLAIN for v in value):
         return quote(value)
