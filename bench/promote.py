@@ -81,6 +81,7 @@ from pathlib import Path
 from typing import Any
 
 from promote_parts import (
+    CENTRAL_RUN,
     RUN,
     STEP,
     MiB,
@@ -595,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     print_verdicts(figures)
     if "overhead_frac" not in figures:
         print("overhead_frac          (the whole promotion needs S3: run without --only-flow)")
-    n_tasks = sum(sum(c.values()) for host, c in tasks.items() if host != "central promote")
+    n_tasks = sum(sum(c.values()) for name, c in tasks.items() if name != CENTRAL_RUN)
     line = {k: sig3(v) for k, v in figures.items()}
     for name in ("overhead_frac", "warm_overhead_frac"):
         if name in figures:

@@ -170,6 +170,9 @@ def count_task_runs(flow_run_id: Any, settle_s: float = 2.0, timeout_s: float = 
             time.sleep(0.5)
 
 
+CENTRAL_RUN = "central promote"  # its key among the flow runs whose task runs are counted
+
+
 # ------------------------------------------------------------------------------ the attempts
 @dataclass
 class PartRun:
@@ -582,7 +585,7 @@ def _attempts(
         )
     tasks = {p.host: count_task_runs(p.flow_run_id) for p in last}
     if last_central := attempts[-1].central:
-        tasks["central promote"] = count_task_runs(last_central.flow_run_id)
+        tasks[CENTRAL_RUN] = count_task_runs(last_central.flow_run_id)
     settle(stack.directory / f"warm-a{repeats - 1}")
     return attempts, tasks
 
