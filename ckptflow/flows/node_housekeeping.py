@@ -36,7 +36,7 @@ from ckptflow.flows.promote_part import promote_part
 from ckptflow.storage import layout
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks.node_retention import node_hot_retention
-from ckptflow.tasks.part_ops import first_colder_tier, this_host
+from ckptflow.tasks.part_ops import this_host
 from ckptflow.tasks.tiers import load
 
 
@@ -102,7 +102,7 @@ def node_housekeeping(
     host = node or this_host()
     config, tiers = load(config_path)
     hot = tiers["hot"]
-    target = first_colder_tier(config)
+    target = config.first_colder_tier()
     rows: list[dict[str, Any]] = []
     runs, skipped = runs_on_hot(str(hot.root))  # type: ignore[attr-defined]
     for reason in skipped:

@@ -33,7 +33,6 @@ from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks.admission import decide_tiers
 from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica, replica_states
 from ckptflow.tasks.leases import HeldLeases, hold
-from ckptflow.tasks.part_ops import first_colder_tier
 from ckptflow.tasks.promote_ops import PromotionError, TierSteps, promote_to_tier
 from ckptflow.tasks.replica_tasks import (
     commit_replica,
@@ -88,7 +87,7 @@ def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
     logger = get_run_logger()
     config_path = str(Path(pinned_path(config_path, "config_path")).resolve())  # Dask workers elsewhere
     config, _ = load(config_path)
-    source = first_colder_tier(config)
+    source = config.first_colder_tier()
     checkpoint_id = ensure_checkpoint_row.fn(config_path, run, step)  # recorded by training or the node
     colder, skipped = decide_tiers(
         config_path, run, step, checkpoint_id, config.tier_names()[config.tier_names().index(source) + 1 :]

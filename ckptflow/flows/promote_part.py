@@ -41,7 +41,6 @@ from ckptflow.tasks.part_ops import (
     NodeHolding,
     NotOnThisNode,
     PartPlan,
-    first_colder_tier,
     node_holding,
     paths_by_part,
     plan_part,
@@ -69,7 +68,7 @@ def promote_part(run: str, step: int, config_path: str, node: str | None = None)
     config_path = pinned_path(config_path, "config_path")
     host = node or this_host()
     config, tiers = load(config_path)
-    target = first_colder_tier(config)
+    target = config.first_colder_tier()
     tier = tiers[target]
     row: dict[str, Any] = {"run": run, "step": step, "node": host, "tier": target, "files": 0, "bytes": 0}
     if tier.read_manifest(run, step) is not None:

@@ -27,7 +27,6 @@ from ckptflow.flows.promote import promote
 from ckptflow.tasks.admission import PolicyWanted, policy_for
 from ckptflow.tasks.catalog_tasks import record_replica
 from ckptflow.tasks.lease_cleanup import being_written, still_wanted
-from ckptflow.tasks.part_ops import first_colder_tier
 from ckptflow.tasks.part_tasks import repost_staged
 from ckptflow.tasks.reconcile_ops import missing_tiers, pending_promotions
 from ckptflow.tasks.replica_tasks import cleanup_tier, replica_present
@@ -54,7 +53,7 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
             }
         )
     catalog = Catalog.open(config.catalog)
-    first = first_colder_tier(config)
+    first = config.first_colder_tier()
     try:
         policy_wants = PolicyWanted(catalog, policy_for(config_path)[0])
         live = [cp for cp in catalog.checkpoints() if cp.state in LIVE_STATES]

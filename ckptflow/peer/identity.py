@@ -38,7 +38,6 @@ from ckptflow.storage.run_names import check_run_name
 
 # DCP's metadata file (ckptflow.training_hooks.dcp_io.METADATA_NAME): listed under node 0, but every
 # decided part holds a copy, so a replica of any part holds one too.
-METADATA_NAME = ".metadata"
 PEERS_DIR = "peers"
 RESERVED_PREFIX = ".ckptflow-peer-"  # names of the transport's own files in a partial directory
 _PART = re.compile(r"^part-(\d{1,6})-of-(\d{1,6})$")
@@ -92,7 +91,7 @@ def replica_entries(manifest: Manifest, node: int) -> list[FileEntry]:
     """The files a replica of node ``node``'s part holds, in manifest order: the files of that
     part and ``.metadata``. One node's save: every file."""
     PartId.of(manifest, node)  # validates node
-    return [f for f in manifest.files if f.node == node or f.path == METADATA_NAME]
+    return [f for f in manifest.files if f.node == node or f.path == layout.METADATA_NAME]
 
 
 def reserved(path: str) -> bool:

@@ -191,6 +191,15 @@ class CkptflowConfig(_Strict):
     def tier_names(self) -> list[str]:
         return [name for name in TIER_ORDER if name in self.tiers]
 
+    def first_colder_tier(self) -> str:
+        """The tier node parts are copied into (warm, or cold when there is no warm)."""
+        colder = [t for t in self.tier_names() if t != "hot"]
+        if not colder:
+            raise ValueError(
+                "ckptflow.yaml has no tier colder than hot to promote to (add tiers.warm or tiers.cold)"
+            )
+        return colder[0]
+
 
 def load_config(path: str | Path) -> CkptflowConfig:
     """Load and validate ``ckptflow.yaml``; ConfigError naming file, line and field otherwise."""

@@ -32,6 +32,8 @@ _PARTIAL = re.compile(r"^step-(\d+)\.partial-([A-Za-z0-9_-]+)$")
 _DELETING = re.compile(r"^step-(\d+)\.deleting-[A-Za-z0-9_-]+$")
 QUARANTINE_DIR = "quarantine"
 LOCK_PREFIX = ".writer-lock-rank"
+METADATA_NAME = ".metadata"  # DCP's metadata file, one per checkpoint (node 0's part)
+PART_NAME = "PART.json"  # a node's committed part, before (and after) the decision
 
 
 def committed_name(step: int) -> str:

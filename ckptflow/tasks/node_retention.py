@@ -30,7 +30,7 @@ from ckptflow.storage import layout
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.tier import Tier
 from ckptflow.tasks.admission import policy_for
-from ckptflow.tasks.part_ops import NotOnThisNode, first_colder_tier, node_holding
+from ckptflow.tasks.part_ops import NotOnThisNode, node_holding
 from ckptflow.tasks.retention_ops import plan_now
 from ckptflow.tasks.tiers import load
 
@@ -67,7 +67,7 @@ def node_hot_retention(
     hot = tiers["hot"]
     if not isinstance(hot, PosixTier):
         raise TypeError(f"tiers.hot must be a POSIX tier on a node, got {type(hot).__name__}")
-    first = tiers[first_colder_tier(config)]
+    first = tiers[config.first_colder_tier()]
     override = bool(policy.tiers.get("hot").delete_without_colder_copy)  # type: ignore[union-attr]
     rows: list[dict[str, Any]] = []
     catalog = Catalog.open(config.catalog)

@@ -14,7 +14,6 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ckptflow.policy.config import CkptflowConfig
 from ckptflow.storage.manifest import FileEntry, Manifest, ManifestError, read_manifest
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.present import split_by_presence
@@ -34,16 +33,6 @@ def deployment_name(host: str) -> str:
 def this_host() -> str:
     """The name nodes are known by in manifests and events (``socket.gethostname()``)."""
     return socket.gethostname()
-
-
-def first_colder_tier(config: CkptflowConfig) -> str:
-    """The tier node parts are copied into (warm, or cold when there is no warm)."""
-    colder = [t for t in config.tier_names() if t != "hot"]
-    if not colder:
-        raise ValueError(
-            "ckptflow.yaml has no tier colder than hot to promote to (add tiers.warm or tiers.cold)"
-        )
-    return colder[0]
 
 
 @dataclass

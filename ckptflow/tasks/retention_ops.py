@@ -106,12 +106,10 @@ def plan_now(
 def skippable_tiers(config: CkptflowConfig) -> list[str]:
     """The tiers promotion skips when their retention rules would not keep a checkpoint: those
     colder than the first colder tier (that one gets every checkpoint: the nodes' disks may vanish)."""
-    from ckptflow.tasks.part_ops import first_colder_tier  # noqa: PLC0415
-
     names = config.tier_names()
     if len(names) < 2:
         return []
-    return names[names.index(first_colder_tier(config)) + 1 :]
+    return names[names.index(config.first_colder_tier()) + 1 :]
 
 
 def _manifest_save_id(tier: Tier, uri: str) -> str | None:

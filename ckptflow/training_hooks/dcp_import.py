@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 import ckptflow
 from ckptflow.storage import checksums, layout
 from ckptflow.storage.atomic import write_file_atomic
+from ckptflow.storage.layout import METADATA_NAME
 from ckptflow.storage.manifest import (
     MANIFEST_NAME,
     Alternate,
@@ -48,7 +49,7 @@ from ckptflow.storage.manifest import (
 from ckptflow.storage.publishing import seal_and_publish
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.training_hooks.commit_record import committed_record
-from ckptflow.training_hooks.dcp_io import METADATA_NAME, UnsafeCheckpointError, load_metadata_safely
+from ckptflow.training_hooks.dcp_io import UnsafeCheckpointError, load_metadata_safely
 
 _DATA_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")  # what DCP's FileSystemWriter names rank r's files
 _RANK_METADATA = re.compile(r"^__(\d+)\.metadata$")  # use_collectives=False: one per rank

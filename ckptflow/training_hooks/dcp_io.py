@@ -40,8 +40,6 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from ckptflow.storage.checksums import ChecksummingWriter
 
-METADATA_NAME = ".metadata"
-
 
 @dataclass(frozen=True)
 class WrittenFile:

@@ -34,11 +34,10 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from ckptflow.storage import checksums, layout
 from ckptflow.storage.atomic import fsync_path, publish_dir, write_file_atomic
+from ckptflow.storage.layout import METADATA_NAME, PART_NAME
 from ckptflow.storage.manifest import MANIFEST_NAME, Alternate, FileEntry, Manifest, NodePart
-from ckptflow.training_hooks.dcp_io import METADATA_NAME, WrittenFile
+from ckptflow.training_hooks.dcp_io import WrittenFile
 from ckptflow.training_hooks.nodes import Topology
-
-PART_NAME = "PART.json"  # a node's committed part, before (and after) the decision
 
 
 class FinalizeError(RuntimeError):

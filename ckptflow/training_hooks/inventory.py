@@ -17,8 +17,9 @@ from pathlib import Path
 
 from ckptflow.peer.identity import PEERS_DIR, RESERVED_PREFIX, PartId
 from ckptflow.storage import checksums, layout
+from ckptflow.storage.layout import PART_NAME
 from ckptflow.storage.manifest import MANIFEST_NAME, ManifestError, UnsupportedManifestError, read_manifest
-from ckptflow.training_hooks.finalize import PART_NAME, read_part
+from ckptflow.training_hooks.finalize import read_part
 
 # Files in a step directory that are not checkpoint data: never counted as held files.
 _MARKERS = frozenset({MANIFEST_NAME, PART_NAME})

@@ -42,6 +42,7 @@ from torch.distributed.tensor import DTensor
 
 from ckptflow.storage import checksums, layout
 from ckptflow.storage.atomic import write_file_atomic
+from ckptflow.storage.layout import METADATA_NAME
 from ckptflow.storage.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -52,7 +53,7 @@ from ckptflow.storage.manifest import (
 from ckptflow.storage.tier import Tier, TierError
 from ckptflow.training_hooks import ranks
 from ckptflow.training_hooks.coord_store import CoordinationStore
-from ckptflow.training_hooks.dcp_io import METADATA_NAME, SafeLoadPlanner, load_metadata_safely
+from ckptflow.training_hooks.dcp_io import SafeLoadPlanner, load_metadata_safely
 from ckptflow.training_hooks.inventory import (
     NodeInventory,
     StepHolding,

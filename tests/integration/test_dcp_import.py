@@ -27,11 +27,12 @@ from typer.testing import CliRunner
 from ckptflow.catalog import Catalog, CheckpointState, ReplicaState
 from ckptflow.cli import app
 from ckptflow.storage import checksums, layout
+from ckptflow.storage.layout import METADATA_NAME
 from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
 from ckptflow.storage.verify import verify_checkpoint
 from ckptflow.training_hooks import Checkpointer
 from ckptflow.training_hooks.dcp_import import ImportRefused, adopt_dcp_checkpoint
-from ckptflow.training_hooks.dcp_io import METADATA_NAME, load_metadata_safely
+from ckptflow.training_hooks.dcp_io import load_metadata_safely
 
 pytestmark = [
     pytest.mark.slow,

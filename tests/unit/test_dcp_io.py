@@ -18,10 +18,10 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 
 from ckptflow.storage import checksums
+from ckptflow.storage.layout import METADATA_NAME
 from ckptflow.storage.manifest import MANIFEST_NAME, content_digest, read_manifest
 from ckptflow.training_hooks import Checkpointer, DataPosition, ModelState
 from ckptflow.training_hooks.dcp_io import (
-    METADATA_NAME,
     ChecksummingFileSystem,
     SafeFileSystemReader,
     SafeLoadPlanner,
