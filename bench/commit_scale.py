@@ -4,8 +4,8 @@
     .venv/bin/python bench/commit_scale.py --ranks 8,64 --saves 3
 
 Every simulated rank is a thread with its own ``TCPStore`` client of one store (a server in this
-process, as torchrun's agent hosts it), running the messages of :mod:`ckptflow.training_hooks.
-commit_protocol` exactly as a save does, with reports the size a real rank's report has (one file,
+process, as torchrun's agent hosts it), running the messages of :mod:`ckptflow.training_hooks.commit.protocol`
+exactly as a save does, with reports the size a real rank's report has (one file,
 ``--items`` DCP items): ranks report to their node's leader, leaders publish their part, the
 coordinator decides, leaders acknowledge and the last one deletes the round's keys. No file is
 written: this measures the coordination alone.
@@ -28,9 +28,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from ckptflow.training_hooks.commit_protocol import COMMITTED, CommitRound, Decision
-from ckptflow.training_hooks.coord_store import CoordinationStore
-from ckptflow.training_hooks.nodes import Topology
+from ckptflow.training_hooks.cluster.coord_store import CoordinationStore
+from ckptflow.training_hooks.cluster.nodes import Topology
+from ckptflow.training_hooks.commit.protocol import COMMITTED, CommitRound, Decision
 
 
 def fake_report(rank: int, items: int) -> dict:

@@ -47,7 +47,7 @@ def _bytes(state: dict[str, torch.Tensor]) -> int:
 def _unfenced_ops() -> Any:
     """The stream calls of the stager before the fence: the loop's stream ignored the copy's event,
     and no source was marked used by the side stream."""
-    from ckptflow.training_hooks.stream_ops import CudaStreamOps
+    from ckptflow.training_hooks.save.stream_ops import CudaStreamOps
 
     class IgnoresEvents:
         def __init__(self, stream: Any) -> None:
@@ -141,7 +141,7 @@ def main() -> int:
         )
         return 0
 
-    from ckptflow.training_hooks.staging import HostStager
+    from ckptflow.training_hooks.save.staging import HostStager
 
     device = torch.device("cuda")
     model = _build(args.features, device)

@@ -360,11 +360,11 @@ def part_parameters(stack: NodeStack, configs: list[Path]) -> list[dict[str, Any
 
 
 def record_as_training(url: str, stack: NodeStack, manifest: Manifest) -> None:
-    """What training's coordinator writes to the catalog when it commits the checkpoint (save_job's
+    """What training's coordinator writes to the catalog when it commits the checkpoint (save.job's
     record_writing, record_committed and record_parts): the promotion finds the row, as in a
     deployment, instead of rebuilding it from the manifests on disk."""
     from ckptflow.catalog import Catalog
-    from ckptflow.training_hooks.commit_record import committed_record
+    from ckptflow.training_hooks.commit.record import committed_record
 
     manifest_json = (stack.step_dir(0) / MANIFEST_NAME).read_bytes()
     record = committed_record(manifest, manifest_json, str(stack.step_dir(0)), stack.hosts)
@@ -423,7 +423,7 @@ def promote_parts(
     """
     warm_root = stack.directory / f"warm-{label}"
     configs = [stack.config(label, stack.hot_root(k), warm_root) for k in range(len(stack.hosts))]
-    # Training records the checkpoint at its decision, before the staged event (save_job): so here.
+    # Training records the checkpoint at its decision, before the staged event (save.job): so here.
     record_as_training(f"sqlite:///{stack.directory / f'catalog-{label}.db'}", stack, manifest)
     t0 = time.perf_counter()
     parameters = part_parameters(stack, configs)

@@ -47,8 +47,8 @@ from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from ckptflow.storage import layout
 from ckptflow.storage.checksums import crc64nvme
 from ckptflow.training_hooks import Cadence, Checkpointer, CheckpointOptions, SaveStats
-from ckptflow.training_hooks.dcp_io import make_writer
-from ckptflow.training_hooks.staging import HostStager
+from ckptflow.training_hooks.save.staging import HostStager
+from ckptflow.training_hooks.save.writer import make_writer
 
 GIB = 1 << 30
 N_TENSORS = 16

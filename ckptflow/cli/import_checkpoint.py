@@ -36,7 +36,7 @@ def import_command(
     computing every file's and every item's CRC64NVME, write the manifest last, publish it as
     step-N by rename and record it in the catalog. Restore, promotion and drills then treat it like
     any checkpoint ckptflow saved. The source directory is only read."""
-    from ckptflow.training_hooks.dcp_import import ImportRefused, adopt_dcp_checkpoint  # noqa: PLC0415
+    from ckptflow.training_hooks.adopt import ImportRefused, adopt_dcp_checkpoint  # noqa: PLC0415
 
     if (config is None) == (root is None):
         _fail("give exactly one of --config ckptflow.yaml or --root DIR (the run's hot root)")

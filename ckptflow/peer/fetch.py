@@ -29,7 +29,9 @@ from ckptflow.storage.tier import Progress, TransferResult
 if TYPE_CHECKING:
     from ckptflow.peer.client import PeerClient
 
-FETCH_TMP_MARK = ".fetch-"  # as ckptflow.training_hooks.inventory.FETCH_TMP_MARK: ignored by inventories
+FETCH_TMP_MARK = (
+    ".fetch-"  # as ckptflow.training_hooks.restore.inventory.FETCH_TMP_MARK: ignored by inventories
+)
 
 
 @dataclass

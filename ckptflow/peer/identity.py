@@ -36,7 +36,7 @@ from ckptflow.storage import layout
 from ckptflow.storage.manifest import FileEntry, Manifest
 from ckptflow.storage.run_names import check_run_name
 
-# DCP's metadata file (ckptflow.training_hooks.dcp_io.METADATA_NAME): listed under node 0, but every
+# DCP's metadata file (ckptflow.training_hooks.save.writer.METADATA_NAME): listed under node 0, but every
 # decided part holds a copy, so a replica of any part holds one too.
 PEERS_DIR = "peers"
 RESERVED_PREFIX = ".ckptflow-peer-"  # names of the transport's own files in a partial directory

@@ -11,12 +11,12 @@ exact), the job's :class:`Topology` (nodes and their ranks), and the errors
 
 from ckptflow.training_hooks.cadence import Cadence
 from ckptflow.training_hooks.checkpointer import Checkpointer, CheckpointerStats, CheckpointSaveError
+from ckptflow.training_hooks.cluster.nodes import NodeTopologyError, Topology
 from ckptflow.training_hooks.ddp import ddp_for_exact_resume
 from ckptflow.training_hooks.loaders import resumable_loader
-from ckptflow.training_hooks.nodes import NodeTopologyError, Topology
 from ckptflow.training_hooks.options import CheckpointOptions
-from ckptflow.training_hooks.restore import CheckpointLoadError, RestoreReport
-from ckptflow.training_hooks.save_job import SaveStats
+from ckptflow.training_hooks.restore.attempts import CheckpointLoadError, RestoreReport
+from ckptflow.training_hooks.save.job import SaveStats
 from ckptflow.training_hooks.stateful import (
     DataPosition,
     ModelState,

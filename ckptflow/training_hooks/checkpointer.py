@@ -36,22 +36,22 @@ from ckptflow.storage.from_config import build_tiers
 from ckptflow.storage.manifest import MANIFEST_NAME, Manifest, finite_metrics, parse_manifest
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.tier import Tier
-from ckptflow.training_hooks import nodes, ranks
 from ckptflow.training_hooks.cadence import Cadence, CadenceMode
-from ckptflow.training_hooks.catalog_client import CatalogHandle
-from ckptflow.training_hooks.commit_record import committed_record, save_time_hosts
-from ckptflow.training_hooks.coord_store import CoordinationStore, open_store
-from ckptflow.training_hooks.events import EventPoster, build_event
+from ckptflow.training_hooks.cluster import nodes, ranks
+from ckptflow.training_hooks.cluster.coord_store import CoordinationStore, open_store
+from ckptflow.training_hooks.cluster.nodes import Topology
+from ckptflow.training_hooks.commit.announce import EventPoster, build_event
+from ckptflow.training_hooks.commit.catalog_handle import CatalogHandle
+from ckptflow.training_hooks.commit.record import committed_record, save_time_hosts
 from ckptflow.training_hooks.loaders import check_loaders
-from ckptflow.training_hooks.node_planner import NodeLocalSavePlanner
-from ckptflow.training_hooks.nodes import Topology
 from ckptflow.training_hooks.options import CheckpointOptions
-from ckptflow.training_hooks.peer_sources import PeerAccess, peer_access
-from ckptflow.training_hooks.restore import RestoreContext, RestoreReport
-from ckptflow.training_hooks.restore import restore as restore_state
-from ckptflow.training_hooks.save_job import SaveJob, SaveStats, run_save_job
-from ckptflow.training_hooks.staging import HostStager
-from ckptflow.training_hooks.verified_reader import ReadHook
+from ckptflow.training_hooks.restore.attempts import RestoreContext, RestoreReport
+from ckptflow.training_hooks.restore.attempts import restore as restore_state
+from ckptflow.training_hooks.restore.reader import ReadHook
+from ckptflow.training_hooks.restore.sources import PeerAccess, peer_access
+from ckptflow.training_hooks.save.job import SaveJob, SaveStats, run_save_job
+from ckptflow.training_hooks.save.planner import NodeLocalSavePlanner
+from ckptflow.training_hooks.save.staging import HostStager
 
 log = logging.getLogger("ckptflow.checkpointer")
 

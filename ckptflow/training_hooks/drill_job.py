@@ -30,10 +30,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ckptflow.training_hooks import ranks
 from ckptflow.training_hooks.checkpointer import Checkpointer
+from ckptflow.training_hooks.cluster import ranks
 from ckptflow.training_hooks.options import CheckpointOptions
-from ckptflow.training_hooks.restore import CheckpointLoadError
+from ckptflow.training_hooks.restore.attempts import CheckpointLoadError
 
 
 class DrillJobError(Exception):

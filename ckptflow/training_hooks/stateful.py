@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from ckptflow.training_hooks import ranks
+from ckptflow.training_hooks.cluster import ranks
 
 
 class ModelState:

@@ -31,8 +31,8 @@ from ckptflow.storage.layout import METADATA_NAME
 from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
 from ckptflow.storage.verify import verify_checkpoint
 from ckptflow.training_hooks import Checkpointer
-from ckptflow.training_hooks.dcp_import import ImportRefused, adopt_dcp_checkpoint
-from ckptflow.training_hooks.dcp_io import load_metadata_safely
+from ckptflow.training_hooks.adopt import ImportRefused, adopt_dcp_checkpoint
+from ckptflow.training_hooks.save.writer import load_metadata_safely
 
 pytestmark = [
     pytest.mark.slow,

@@ -42,7 +42,7 @@ from ckptflow.peer.auth import authorization
 from ckptflow.peer.store import RECV_PREFIX
 from ckptflow.storage import checksums, layout
 from ckptflow.storage.manifest import MANIFEST_NAME
-from ckptflow.training_hooks.inventory import scan_node
+from ckptflow.training_hooks.restore.inventory import scan_node
 
 
 @pytest.fixture

@@ -94,7 +94,7 @@ def _listening(pid: int) -> list[tuple[str, int]]:
 
 # ------------------------------------------------------------------------------------ Prefect auth
 def test_prefect_refuses_requests_without_the_auth_string(prefect_auth: AuthServer) -> None:
-    from ckptflow.training_hooks.events import EventPoster
+    from ckptflow.training_hooks.commit.announce import EventPoster
 
     api = prefect_auth.server.api_url
     wrong = base64.b64encode(f"{prefect_auth.user}:not-the-password".encode()).decode()

@@ -20,7 +20,7 @@ import torch
 
 from ckptflow.catalog import Catalog, CheckpointState, ReplicaState
 from ckptflow.training_hooks import Checkpointer, CheckpointOptions, CheckpointSaveError, ModelState
-from ckptflow.training_hooks.events import EventPoster
+from ckptflow.training_hooks.commit.announce import EventPoster
 
 ANSWERS = {
     # Something that is not an HTTP server listens on the port: http.client.BadStatusLine.

@@ -78,7 +78,7 @@ def test_a_bad_url_is_named_masked_even_when_it_does_not_parse(url: str, shown: 
 
 
 def test_the_training_sides_catalog_errors_hold_no_password() -> None:
-    from ckptflow.training_hooks.catalog_client import CatalogHandle
+    from ckptflow.training_hooks.commit.catalog_handle import CatalogHandle
 
     handle = CatalogHandle(DOWN)
     assert handle.call("ensure_run", "r", "/tmp/r") is None and handle.failures == 1

@@ -12,9 +12,9 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from ckptflow.training_hooks.commit_protocol import ABANDONED, COMMITTED, CommitRound, Decision
-from ckptflow.training_hooks.coord_store import CoordinationStore, StoreUnavailable
-from ckptflow.training_hooks.nodes import Topology
+from ckptflow.training_hooks.cluster.coord_store import CoordinationStore, StoreUnavailable
+from ckptflow.training_hooks.cluster.nodes import Topology
+from ckptflow.training_hooks.commit.protocol import ABANDONED, COMMITTED, CommitRound, Decision
 
 NODES = ((0, 1), (2, 3))
 HOSTS = ("n0", "n1")

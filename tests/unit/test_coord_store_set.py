@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from ckptflow.training_hooks.coord_store import CoordinationStore
+from ckptflow.training_hooks.cluster.coord_store import CoordinationStore
 
 
 def test_a_set_is_visible_to_another_client_when_it_returns() -> None:

@@ -21,7 +21,7 @@ from ckptflow.storage import checksums
 from ckptflow.storage.layout import METADATA_NAME
 from ckptflow.storage.manifest import MANIFEST_NAME, content_digest, read_manifest
 from ckptflow.training_hooks import Checkpointer, DataPosition, ModelState
-from ckptflow.training_hooks.dcp_io import (
+from ckptflow.training_hooks.save.writer import (
     ChecksummingFileSystem,
     SafeFileSystemReader,
     SafeLoadPlanner,

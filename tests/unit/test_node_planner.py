@@ -6,7 +6,7 @@ import torch
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import WriteItemType
 
-from ckptflow.training_hooks.node_planner import NodeLocalSavePlanner
+from ckptflow.training_hooks.save.planner import NodeLocalSavePlanner
 
 
 def local_plans(world: int):

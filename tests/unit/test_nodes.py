@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckptflow.training_hooks.nodes import Topology, group_by_visibility
+from ckptflow.training_hooks.cluster.nodes import Topology, group_by_visibility
 
 
 def test_ranks_that_see_each_other_form_one_node_each():

@@ -15,7 +15,7 @@ from ckptflow.storage.publishing import committed_same, seal_and_publish, source
 from ckptflow.storage.tier import TierError
 
 PACKAGE = Path(__file__).resolve().parents[2] / "ckptflow"
-USERS = ["storage/posix_tier.py", "storage/s3_tier.py", "training_hooks/dcp_import.py"]
+USERS = ["storage/posix_tier.py", "storage/s3_tier.py", "training_hooks/adopt.py"]
 
 
 def _manifest(step: int = 3) -> Manifest:

@@ -10,8 +10,8 @@ from ckptflow.agent.peer_service import parse_bind
 from ckptflow.storage.manifest import FileEntry, Manifest, NodePart
 from ckptflow.tasks.part_ops import NodeHolding
 from ckptflow.tasks.replication_ops import own_parts, peer_hosts
-from ckptflow.training_hooks.inventory import NodeInventory, ReplicaHolding
-from ckptflow.training_hooks.peer_sources import PeerAccess, peer_holders
+from ckptflow.training_hooks.restore.inventory import NodeInventory, ReplicaHolding
+from ckptflow.training_hooks.restore.sources import PeerAccess, peer_holders
 
 CRC = "AAAAAAAAAAA="
 

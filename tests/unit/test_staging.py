@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ckptflow.training_hooks import Checkpointer, CheckpointOptions, ModelState
-from ckptflow.training_hooks.staging import HostStager
+from ckptflow.training_hooks.save.staging import HostStager
 
 
 def _nested() -> dict:

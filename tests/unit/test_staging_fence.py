@@ -3,7 +3,7 @@
 ``HostStager`` takes its stream and event calls as a parameter; here a recorder stands in for
 ``torch.cuda`` and writes down which stream waits on which stream or event, when the event is
 recorded, and which tensors are kept from reuse on which stream. The contract
-(ckptflow.training_hooks.stream_ops): the copy waits for the loop's stream; the loop's stream waits
+(ckptflow.training_hooks.save.stream_ops): the copy waits for the loop's stream; the loop's stream waits
 for the copy's event before ``stage`` returns, and the CPU does not wait; every source tensor is
 kept alive on the side stream. bench/cuda_staging_check.py shows the same on a real GPU.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ckptflow.training_hooks.staging import HostStager
+from ckptflow.training_hooks.save.staging import HostStager
 
 
 class Stream:

@@ -13,7 +13,7 @@ import torch
 from ckptflow.storage import checksums, layout
 from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
 from ckptflow.training_hooks import Checkpointer
-from ckptflow.training_hooks.verified_reader import load_tensor_record
+from ckptflow.training_hooks.restore.reader import load_tensor_record
 
 
 class Tensors:

@@ -26,8 +26,8 @@ from typing import Literal
 
 import torch.distributed as dist
 
-from ckptflow.training_hooks import ranks
-from ckptflow.training_hooks.nodes import Topology
+from ckptflow.training_hooks.cluster import ranks
+from ckptflow.training_hooks.cluster.nodes import Topology
 
 StoreMode = Literal["auto", "env", "rank0"]
 

@@ -5,7 +5,7 @@ they are re-allocated only for a tensor whose shape or dtype changed. :meth:`Hos
 allocates and touches them ahead of time (the Checkpointer does so at restore), so even the first
 save stalls for the copy alone, not for the kernel faulting in fresh pages (~2 s per GiB here). Tensors on
 a GPU are copied into pinned buffers with ``non_blocking=True`` on a side stream, fenced as
-:mod:`ckptflow.training_hooks.stream_ops` describes: the loop's stream waits for the copy's event
+:mod:`ckptflow.training_hooks.save.stream_ops` describes: the loop's stream waits for the copy's event
 before it runs anything queued after :meth:`HostStager.stage` (so the next forward pass or
 ``optimizer.step()`` cannot change a tensor the copy has not read yet), without blocking the CPU,
 and the sources are kept from reuse until the copy is done. :meth:`HostStager.wait` blocks the CPU
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from ckptflow.training_hooks.stream_ops import CudaStreamOps, StreamOps, fenced_copy
+from ckptflow.training_hooks.save.stream_ops import CudaStreamOps, StreamOps, fenced_copy
 
 Path = tuple[Any, ...]
 
@@ -57,7 +57,7 @@ class HostStager:
 
     ``pin_memory`` (default: whether CUDA is available) pins the buffers of device tensors and
     copies them asynchronously on a side stream; ``stream_ops`` are the stream and event calls
-    (default: :class:`~ckptflow.training_hooks.stream_ops.CudaStreamOps` when CUDA is available;
+    (default: :class:`~ckptflow.training_hooks.save.stream_ops.CudaStreamOps` when CUDA is available;
     tests pass a recorder).
     """
 

@@ -51,10 +51,11 @@ from ckptflow.storage.manifest import (
     parse_manifest,
 )
 from ckptflow.storage.tier import Tier, TierError
-from ckptflow.training_hooks import ranks
-from ckptflow.training_hooks.coord_store import CoordinationStore
-from ckptflow.training_hooks.dcp_io import SafeLoadPlanner, load_metadata_safely
-from ckptflow.training_hooks.inventory import (
+from ckptflow.training_hooks.cluster import ranks
+from ckptflow.training_hooks.cluster.coord_store import CoordinationStore
+from ckptflow.training_hooks.cluster.nodes import Topology
+from ckptflow.training_hooks.restore.fetch import fetch_all, note_fetched
+from ckptflow.training_hooks.restore.inventory import (
     NodeInventory,
     StepHolding,
     candidates,
@@ -62,12 +63,11 @@ from ckptflow.training_hooks.inventory import (
     scan_node,
     undecided_parts,
 )
-from ckptflow.training_hooks.nodes import Topology
-from ckptflow.training_hooks.peer_sources import PeerAccess, peer_holders
-from ckptflow.training_hooks.restore_fetch import fetch_all, note_fetched
-from ckptflow.training_hooks.staging import HostStager
+from ckptflow.training_hooks.restore.reader import CorruptRead, ReadHook, VerifiedReader
+from ckptflow.training_hooks.restore.sources import PeerAccess, peer_holders
+from ckptflow.training_hooks.save.staging import HostStager
+from ckptflow.training_hooks.save.writer import SafeLoadPlanner, load_metadata_safely
 from ckptflow.training_hooks.stateful import RNGState
-from ckptflow.training_hooks.verified_reader import CorruptRead, ReadHook, VerifiedReader
 
 log = logging.getLogger("ckptflow.restore")
 
@@ -277,7 +277,7 @@ def _list_peers(ctx: RestoreContext) -> dict[str, str]:
 
 
 def _discard_undecided(root: Path, step: int) -> None:
-    from ckptflow.training_hooks.finalize import discard  # noqa: PLC0415
+    from ckptflow.training_hooks.commit.files import discard  # noqa: PLC0415
 
     directory = root / layout.committed_name(step)
     log.info("removing %s: a part of a save that was never decided", directory)

@@ -2,7 +2,7 @@
 
 The background writer never issues a collective: two threads driving one process group can pair
 collectives in different orders on different ranks and deadlock. Ranks coordinate a commit through
-files instead (see :mod:`ckptflow.training_hooks.finalize`). With no process group initialised
+files instead (see :mod:`ckptflow.training_hooks.commit.files`). With no process group initialised
 every helper is the single-process identity.
 """
 

@@ -19,11 +19,11 @@ from ckptflow.peer import PartId
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import FileEntry, Manifest
 from ckptflow.storage.tier import Tier, TierError
-from ckptflow.training_hooks.inventory import NodeInventory, StepHolding
-from ckptflow.training_hooks.peer_sources import PeerPartSource
+from ckptflow.training_hooks.restore.inventory import NodeInventory, StepHolding
+from ckptflow.training_hooks.restore.sources import PeerPartSource
 
 if TYPE_CHECKING:
-    from ckptflow.training_hooks.restore import RestoreContext, RestoreReport
+    from ckptflow.training_hooks.restore.attempts import RestoreContext, RestoreReport
 
 log = logging.getLogger("ckptflow.restore")
 

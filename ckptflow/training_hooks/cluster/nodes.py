@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptflow.training_hooks import ranks
+from ckptflow.training_hooks.cluster import ranks
 
 PROBE_PREFIX = ".ckptflow-node-probe-"
 # Listing again a few times absorbs filesystems whose directory caches lag (NFS attribute caches):

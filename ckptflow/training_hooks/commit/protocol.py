@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptflow.training_hooks.coord_store import CoordinationStore
-from ckptflow.training_hooks.nodes import Topology
+from ckptflow.training_hooks.cluster.coord_store import CoordinationStore
+from ckptflow.training_hooks.cluster.nodes import Topology
 
 COMMITTED = "committed"
 ABANDONED = "abandoned"

@@ -17,7 +17,7 @@ from ckptflow.peer import PartId, PeerCorrupt, PeerError
 from ckptflow.policy.replication import ReplicationConfig, ReplicationSecretError
 from ckptflow.storage.manifest import FileEntry, Manifest
 from ckptflow.storage.tier import TransferResult
-from ckptflow.training_hooks.inventory import NodeInventory
+from ckptflow.training_hooks.restore.inventory import NodeInventory
 
 log = logging.getLogger("ckptflow.restore")
 

@@ -1,7 +1,7 @@
 """What a commit writes: rank reports, DCP's ``.metadata``, the global manifest, the node's part.
 
-Pure construction and file publishing; who waits for whom is in :mod:`.commit_protocol`, the order
-of a save in :mod:`.save_job`.
+Pure construction and file publishing; who waits for whom is in :mod:`.protocol`, the order
+of a save in :mod:`..save.job`.
 
 - A :class:`RankReport` is what a rank wrote: its files (size, CRC, one CRC per DCP item) and DCP's
   write results. Reports travel through the coordination store as JSON.
@@ -36,8 +36,8 @@ from ckptflow.storage import checksums, layout
 from ckptflow.storage.atomic import fsync_path, publish_dir, write_file_atomic
 from ckptflow.storage.layout import METADATA_NAME, PART_NAME
 from ckptflow.storage.manifest import MANIFEST_NAME, Alternate, FileEntry, Manifest, NodePart
-from ckptflow.training_hooks.dcp_io import WrittenFile
-from ckptflow.training_hooks.nodes import Topology
+from ckptflow.training_hooks.cluster.nodes import Topology
+from ckptflow.training_hooks.save.writer import WrittenFile
 
 
 class FinalizeError(RuntimeError):

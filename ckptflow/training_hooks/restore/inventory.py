@@ -4,7 +4,7 @@ At restore every node's leader lists its own hot root (:func:`scan_node`); the r
 lists, and every rank then computes the same answer from the same lists (:func:`candidates`,
 :func:`manifest_holder`): the newest step whose decision is recorded somewhere (a node's
 ``manifest.json``, or a colder tier holding it) is tried first. Whether every rank can actually
-read what it needs is decided after planning, per rank, in :mod:`.restore`.
+read what it needs is decided after planning, per rank, in :mod:`.attempts`.
 
 "Not on this node" is never corruption: a node that lacks a part simply does not list it.
 """
@@ -19,7 +19,7 @@ from ckptflow.peer.identity import PEERS_DIR, RESERVED_PREFIX, PartId
 from ckptflow.storage import checksums, layout
 from ckptflow.storage.layout import PART_NAME
 from ckptflow.storage.manifest import MANIFEST_NAME, ManifestError, UnsupportedManifestError, read_manifest
-from ckptflow.training_hooks.finalize import read_part
+from ckptflow.training_hooks.commit.files import read_part
 
 # Files in a step directory that are not checkpoint data: never counted as held files.
 _MARKERS = frozenset({MANIFEST_NAME, PART_NAME})

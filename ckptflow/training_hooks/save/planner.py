@@ -6,7 +6,7 @@ is smallest. With node-local disks that would make every node depend on the othe
 replicated state at every restore. Here replicated items are deduplicated per node instead: each
 node writes one copy, so a node restores its own ranks from its own disk. The checkpoint's metadata
 is the one a job-wide save would have (one chunk list per tensor); the extra copies are recorded as
-alternates in the manifest (see :mod:`.finalize`).
+alternates in the manifest (see :mod:`..commit.files`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Every rank writes its shard files into ``step-N.partial-<id>/`` on its own node'
 coordination store. The leader commits the node's part; the coordinator (rank 0) decides the
 checkpoint once every node's part is committed, or abandons it at the deadline naming the nodes and
 ranks that missed it; every leader makes the decision durable on its node (global manifest last) or
-removes its part. See :mod:`.commit_protocol` for the messages and :mod:`.finalize` for the files.
+removes its part. See :mod:`..commit.protocol` for the messages and :mod:`..commit.files` for the files.
 No collective runs here: a straggler never blocks another rank's training loop.
 """
 
@@ -28,14 +28,14 @@ from torch.distributed.checkpoint.planner import SavePlan
 import ckptflow
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import MANIFEST_NAME, Manifest, parse_manifest
-from ckptflow.training_hooks import finalize
-from ckptflow.training_hooks.commit_protocol import ABANDONED, COMMITTED, CommitRound, Decision
-from ckptflow.training_hooks.commit_record import committed_record
-from ckptflow.training_hooks.coord_store import CoordinationStore, StoreUnavailable
-from ckptflow.training_hooks.dcp_io import make_writer
-from ckptflow.training_hooks.events import STAGED_EVENT, build_event, node_resources
-from ckptflow.training_hooks.nodes import Topology
-from ckptflow.training_hooks.staging import wait_for
+from ckptflow.training_hooks.cluster.coord_store import CoordinationStore, StoreUnavailable
+from ckptflow.training_hooks.cluster.nodes import Topology
+from ckptflow.training_hooks.commit import files as commit_files
+from ckptflow.training_hooks.commit.announce import STAGED_EVENT, build_event, node_resources
+from ckptflow.training_hooks.commit.protocol import ABANDONED, COMMITTED, CommitRound, Decision
+from ckptflow.training_hooks.commit.record import committed_record
+from ckptflow.training_hooks.save.staging import wait_for
+from ckptflow.training_hooks.save.writer import make_writer
 
 log = logging.getLogger("ckptflow.save")
 
@@ -140,7 +140,7 @@ def run_save_job(job: SaveJob) -> SaveStats:
             results = writer.write_data(job.plan, job.planner).wait()
             files = fs.finish(results)
             stats.write_s = time.perf_counter() - t0
-            report = finalize.RankReport(topology.rank, files, results, stats.write_s)
+            report = commit_files.RankReport(topology.rank, files, results, stats.write_s)
             if not topology.is_leader:
                 _report_to_leader(job, round_, report, stats)
                 return stats
@@ -154,7 +154,7 @@ def run_save_job(job: SaveJob) -> SaveStats:
 
 
 def _report_to_leader(
-    job: SaveJob, round_: CommitRound, report: finalize.RankReport, stats: SaveStats
+    job: SaveJob, round_: CommitRound, report: commit_files.RankReport, stats: SaveStats
 ) -> None:
     # A rank finishing after the deadline asks first: if the checkpoint is already abandoned, its
     # report would only be a key nobody reads (its leader removes the files once it lets go).
@@ -173,13 +173,13 @@ def _report_to_leader(
 
 
 def _lead_node(
-    job: SaveJob, round_: CommitRound, own: finalize.RankReport, stats: SaveStats, locks: ExitStack
+    job: SaveJob, round_: CommitRound, own: commit_files.RankReport, stats: SaveStats, locks: ExitStack
 ) -> None:
     topology = job.topology
     t0 = time.perf_counter()
     job.on_phase("waiting")
     others, missing = round_.collect_node()
-    reports = {own.rank: own, **{r: finalize.RankReport.from_json(body) for r, body in others.items()}}
+    reports = {own.rank: own, **{r: commit_files.RankReport.from_json(body) for r, body in others.items()}}
     if missing or round_.past_deadline():
         late = missing or list(topology.node_ranks)
         where = topology.describe_node(topology.node)
@@ -202,9 +202,9 @@ def _lead_node(
         _commit_single_node(job, reports, stats)
         locks.close()
     else:
-        record = finalize.part_record(job.run, job.step, job.save_id, topology, reports)
-        if not finalize.commit_part(job.partial_dir, job.final_dir, record):
-            raise finalize.FinalizeError(
+        record = commit_files.part_record(job.run, job.step, job.save_id, topology, reports)
+        if not commit_files.commit_part(job.partial_dir, job.final_dir, record):
+            raise commit_files.FinalizeError(
                 f"{job.final_dir} already holds a committed checkpoint of step {job.step}"
             )
         locks.close()
@@ -221,7 +221,7 @@ def _lead_node(
 
 
 def _decide(
-    job: SaveJob, round_: CommitRound, own_reports: dict[int, finalize.RankReport], stats: SaveStats
+    job: SaveJob, round_: CommitRound, own_reports: dict[int, commit_files.RankReport], stats: SaveStats
 ) -> None:
     """The coordinator: every node's part by the deadline -> committed, else abandoned."""
     topology = job.topology
@@ -237,7 +237,7 @@ def _decide(
             late_ranks.extend(part["missing_ranks"])
         else:
             reports.update(
-                {int(r): finalize.RankReport.from_json(body) for r, body in part["reports"].items()}
+                {int(r): commit_files.RankReport.from_json(body) for r, body in part["reports"].items()}
             )
     if not own_reports:
         late_ranks = list(topology.node_ranks) + late_ranks  # the coordinator's own node was late
@@ -269,7 +269,7 @@ def _follow(job: SaveJob, round_: CommitRound, stats: SaveStats, part_committed:
         metadata = bytes.fromhex(decision.body["metadata"])
         manifest_json = decision.body["manifest"].encode()
         job.on_phase("manifest")
-        finalize.write_decision(job.final_dir, metadata, manifest_json)
+        commit_files.write_decision(job.final_dir, metadata, manifest_json)
         if not topology.is_coordinator:
             round_.acknowledge()
         stats.outcome = COMMITTED
@@ -290,11 +290,11 @@ def _follow(job: SaveJob, round_: CommitRound, stats: SaveStats, part_committed:
     _abandon(job, stats, decision.reason or "abandoned", decision.missing_nodes, decision.missing_ranks)
 
 
-def _commit_single_node(job: SaveJob, reports: dict[int, finalize.RankReport], stats: SaveStats) -> None:
+def _commit_single_node(job: SaveJob, reports: dict[int, commit_files.RankReport], stats: SaveStats) -> None:
     t0 = time.perf_counter()
     metadata, manifest = _build(job, reports)
     stats.decision_s = time.perf_counter() - t0
-    if not finalize.commit(job.partial_dir, job.final_dir, metadata, manifest, job.on_phase):
+    if not commit_files.commit(job.partial_dir, job.final_dir, metadata, manifest, job.on_phase):
         stats.outcome = "duplicate"
         log.warning("step %d was already committed by another save; this copy was discarded", job.step)
         if job.catalog is not None:  # this attempt's row must not stay "writing" for good
@@ -307,10 +307,10 @@ def _commit_single_node(job: SaveJob, reports: dict[int, finalize.RankReport], s
     _after_commit(job, stats, metadata, manifest.to_json())
 
 
-def _build(job: SaveJob, reports: dict[int, finalize.RankReport]) -> tuple[bytes, Manifest]:
-    metadata, alternates = finalize.metadata_bytes(job.metadata, reports)
+def _build(job: SaveJob, reports: dict[int, commit_files.RankReport]) -> tuple[bytes, Manifest]:
+    metadata, alternates = commit_files.metadata_bytes(job.metadata, reports)
     write_s = max(r.write_s for r in reports.values())
-    manifest = finalize.build_manifest(
+    manifest = commit_files.build_manifest(
         run=job.run,
         step=job.step,
         save_id=job.save_id,
@@ -348,14 +348,14 @@ def _clean_up(job: SaveJob, round_: CommitRound, quiet: bool = False) -> None:
     give_up = time.monotonic() + max(STRAGGLER_WAIT_S, 10 * job.deadline_s)
     while layout.someone_writes(job.partial_dir) and time.monotonic() < give_up:
         time.sleep(0.05)
-    finalize.discard(job.partial_dir)
-    record = finalize.read_part(job.final_dir)
+    commit_files.discard(job.partial_dir)
+    record = commit_files.read_part(job.final_dir)
     if (
         record is not None
         and record.get("save_id") == job.save_id
         and not (job.final_dir / MANIFEST_NAME).exists()
     ):
-        finalize.discard(job.final_dir)
+        commit_files.discard(job.final_dir)
     try:
         round_.forget_node_reports()
     except StoreUnavailable:
