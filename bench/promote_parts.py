@@ -19,7 +19,7 @@ What is measured, per attempt (``--flow-repeats``, at least 5 for the figures; m
 - each part flow run's wall time as Prefect records it (from its RUNNING state to its final state:
   what the UI shows), and the seconds it spent inside its data-moving calls (copy + CRC + fsync,
   publish), which the flow itself measures and returns (``data_s``,
-  :mod:`ckptflow.tasks.data_time`). Overhead = wall - data of the *same* run;
+  :mod:`ckptflow.pipeline.data_time`). Overhead = wall - data of the *same* run;
   ``warm_overhead_frac`` = sum over nodes of overhead / sum of data time. ``caller_overhead_frac``
   is the same from the agent's side: its wall time runs from taking the created run to Prefect's
   engine returning, so it adds the engine starting the run before RUNNING and, after the final
@@ -384,7 +384,7 @@ def register_deployments(hosts: list[str]) -> list[Any]:
     created in them, so a node left waiting whose other nodes hold no live part lease finds their
     runs there as in a deployment (:mod:`ckptflow.tasks.part_catch_up`) and asks for none."""
     from ckptflow.flows.promote_part import promote_part
-    from ckptflow.tasks.part_ops import deployment_name
+    from ckptflow.pipeline.part import deployment_name
 
     return [promote_part.to_deployment(name=deployment_name(host)).apply() for host in hosts]
 

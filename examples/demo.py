@@ -436,9 +436,9 @@ def run_drill(stack_dir: Path, config: Path, run: str, world_size: int = 2) -> d
 def print_summary(
     config: Path, run: str, final: dict[str, Any], stack: Any, drill: dict[str, Any], hot_tier: bool = True
 ) -> None:
+    from ckptflow.pipeline.report.cost import cost_now
     from ckptflow.policy.config import load_config
     from ckptflow.storage.from_config import build_tiers
-    from ckptflow.tasks.cost_ops import cost_now
 
     tiers = build_tiers(load_config(config))
     states = replica_states(config, run)

@@ -19,7 +19,7 @@ from ckptflow.agent.node_deployments import deployment_name, node_deployments
 from ckptflow.agent.peer_service import start_peer_server
 from ckptflow.flows.node_housekeeping import node_housekeeping
 from ckptflow.flows.pinned import CONFIG_DIR_ENV
-from ckptflow.tasks.part_ops import this_host
+from ckptflow.pipeline.part import this_host
 
 log = logging.getLogger("ckptflow.agent")
 

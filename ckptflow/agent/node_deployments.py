@@ -11,7 +11,7 @@ from ckptflow.catalog import STAGED_EVENT
 from ckptflow.flows.node_housekeeping import node_housekeeping
 from ckptflow.flows.promote_part import promote_part
 from ckptflow.flows.replicate_part import replicate_part
-from ckptflow.tasks.part_ops import deployment_name
+from ckptflow.pipeline.part import deployment_name
 
 __all__ = ["deployment_name", "node_deployments"]
 

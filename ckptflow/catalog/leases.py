@@ -1,5 +1,5 @@
 """Leases: one owner at a time for work in progress on a replica (the SQL behind ``Catalog``'s lease
-methods; the heartbeat thread and the wait-or-skip policy are in :mod:`ckptflow.tasks.leases`).
+methods; the heartbeat thread and the wait-or-skip policy are in :mod:`ckptflow.pipeline.leases`).
 
 A lease is a :class:`~ckptflow.catalog.models.Lease` row keyed by (run, step, tier, part). Acquiring
 inserts it, or takes over a row whose ``expires_at`` has passed (its holder died or stalled): the

@@ -75,7 +75,7 @@ def drill_history(
     from sqlalchemy.exc import SQLAlchemyError  # noqa: PLC0415
 
     from ckptflow.catalog import Catalog  # noqa: PLC0415
-    from ckptflow.tasks.drill_history import history_frame, plot_history  # noqa: PLC0415
+    from ckptflow.pipeline.report.drill_history import history_frame, plot_history  # noqa: PLC0415
 
     url = catalog_url(catalog, config)
     db = None

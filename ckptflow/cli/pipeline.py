@@ -98,7 +98,7 @@ def promote_command(
     from ckptflow.cli.progress import TransferBar  # noqa: PLC0415
     from ckptflow.flows.promote import promote  # noqa: PLC0415
     from ckptflow.flows.promote_part import promote_part  # noqa: PLC0415
-    from ckptflow.tasks.progress import reporting_to  # noqa: PLC0415
+    from ckptflow.pipeline.progress import reporting_to  # noqa: PLC0415
 
     # One bar for every byte verified or copied on every hop (no total: skipped hops move nothing).
     with TransferBar(f"promote {run} step {step}", None) as bar, reporting_to(bar):
@@ -162,7 +162,7 @@ def scrub_command(config: Path = typer.Option(..., "--config", help="ckptflow.ya
     prefect_env(config)
     from ckptflow.cli.progress import TransferBar  # noqa: PLC0415
     from ckptflow.flows.scrub import ScrubError, scrub  # noqa: PLC0415
-    from ckptflow.tasks.progress import reporting_to  # noqa: PLC0415
+    from ckptflow.pipeline.progress import reporting_to  # noqa: PLC0415
 
     with TransferBar("scrub: bytes re-verified", None) as bar, reporting_to(bar):
         try:

@@ -46,7 +46,7 @@ def restore_command(
 
     Only bytes move and are checked; nothing is loaded or unpickled.
     """
-    from ckptflow.tasks.restore_ops import (  # noqa: PLC0415
+    from ckptflow.pipeline.restore import (  # noqa: PLC0415
         Attempt,
         RestoreFailed,
         RestoreRefused,

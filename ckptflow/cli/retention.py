@@ -91,7 +91,7 @@ def plan_command(
         if snapshot is not None:
             plan = _plan_from_snapshot(policy, snapshot, now)
         else:
-            from ckptflow.tasks.retention_ops import apply_retention  # noqa: PLC0415
+            from ckptflow.pipeline.retention import apply_retention  # noqa: PLC0415
 
             plan = apply_retention(str(config), str(policy), apply=False, now_iso=now).plan
     except (ConfigError, ValueError, OSError) as exc:
@@ -124,7 +124,7 @@ def apply_command(
 ) -> None:
     """Run the apply-retention flow in apply mode: soft-delete the plan, purge what is past grace."""
     from ckptflow.cli.pipeline import prefect_env  # noqa: PLC0415
-    from ckptflow.tasks.retention_ops import apply_retention as plan_only  # noqa: PLC0415
+    from ckptflow.pipeline.retention import apply_retention as plan_only  # noqa: PLC0415
 
     prefect_env(config)
     try:
@@ -148,7 +148,7 @@ def cost_command(
     png: Path = typer.Option(None, "--png", help="Also plot bytes and $/month per tier over time."),
 ) -> None:
     """Bytes and $/month per tier now (prices from ckptflow.yaml), and optionally a plot over time."""
-    from ckptflow.tasks.cost_ops import cost_history, cost_now, plot_cost  # noqa: PLC0415
+    from ckptflow.pipeline.report.cost import cost_history, cost_now, plot_cost  # noqa: PLC0415
 
     try:
         rows = cost_now(str(config))

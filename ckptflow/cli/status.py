@@ -21,7 +21,7 @@ from ckptflow.cli.errors import fail as _fail
 from ckptflow.policy.yaml_source import ConfigError
 
 if TYPE_CHECKING:
-    from ckptflow.tasks.status_ops import DrillVerdict, RunStatus, StatusReport
+    from ckptflow.pipeline.report.status import DrillVerdict, RunStatus, StatusReport
 
 MAX_STEPS_SHOWN = 3
 
@@ -140,8 +140,8 @@ def status_command(
     """Per run: newest committed step, newest verified step per tier, pending promotions, last drill, $/mo."""
     from sqlalchemy.exc import SQLAlchemyError  # noqa: PLC0415
 
+    from ckptflow.pipeline.report.status import status_report  # noqa: PLC0415
     from ckptflow.policy.config import load_config  # noqa: PLC0415
-    from ckptflow.tasks.status_ops import status_report  # noqa: PLC0415
 
     if not config.is_file():
         _fail(f"config {config} does not exist")

@@ -22,10 +22,11 @@ from prefect.artifacts import create_markdown_artifact
 
 from ckptflow.catalog import Catalog, Drill
 from ckptflow.flows.pinned import pinned_path
+from ckptflow.pipeline import drill_body
+from ckptflow.pipeline.tiers import load
 from ckptflow.policy.drill_spec import load_drill_spec
 from ckptflow.policy.yaml_source import ConfigError
 from ckptflow.storage.run_names import check_run_name
-from ckptflow.tasks import drill_body
 from ckptflow.tasks.drill_tasks import (
     choose_and_pin,
     emit_verdict,
@@ -33,9 +34,8 @@ from ckptflow.tasks.drill_tasks import (
     quality_gates,
     run_scratch_job,
 )
-from ckptflow.tasks.tiers import load
 
-# The drill's body (ckptflow.tasks.drill_body) runs each of its steps as a task of this flow run.
+# The drill's body (ckptflow.pipeline.drill_body) runs each of its steps as a task of this flow run.
 STEPS = drill_body.DrillSteps(
     choose_and_pin=choose_and_pin, fetch=fetch_into_scratch, run_job=run_scratch_job
 )

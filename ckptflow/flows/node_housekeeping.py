@@ -11,7 +11,7 @@ On a schedule, on every node (nothing here reads another node's disk):
   the hot root by hand) is reported and left alone, never retried as a failing promotion;
 - hot-tier retention deletes this node's own parts of what ``retention.yaml`` lets go, never the
   node's newest complete checkpoint nor a part warm does not show published
-  (:mod:`ckptflow.tasks.node_retention`).
+  (:mod:`ckptflow.pipeline.node_retention`).
 
 A scheduled run that starts more than ``skip_if_late_s`` after its scheduled time does nothing: a
 newer one is due (an agent back after hours of downtime would otherwise work through every
@@ -33,11 +33,11 @@ from ckptflow.catalog import Catalog
 from ckptflow.catalog.sync import SyncReport, sync_from_root
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.promote_part import promote_part
+from ckptflow.pipeline.node_retention import node_hot_retention
+from ckptflow.pipeline.part import this_host
+from ckptflow.pipeline.tiers import load
 from ckptflow.storage import layout
 from ckptflow.storage.run_names import check_run_name
-from ckptflow.tasks.node_retention import node_hot_retention
-from ckptflow.tasks.part_ops import this_host
-from ckptflow.tasks.tiers import load
 
 
 def runs_on_hot(hot_root: str) -> tuple[list[str], list[str]]:
@@ -141,7 +141,7 @@ def node_housekeeping(
                     rows.append({"action": "promotion failed", "run": run, "step": step, "detail": str(exc)})
     finally:
         catalog.dispose()
-    try:  # hot-tier retention of this node's own parts, floors per node (tasks/node_retention.py)
+    try:  # hot-tier retention of this node's own parts, floors per node (pipeline/node_retention.py)
         for row in node_hot_retention(config_path, host):
             if row["action"] != "hot retention off":
                 rows.append({**row, "action": f"hot retention: {row['action']}"})

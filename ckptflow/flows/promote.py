@@ -4,11 +4,11 @@ The nodes' agents put a checkpoint on warm, each its own part (``promote-part``)
 completes it publishes it and emits ``ckptflow.checkpoint.published``; that event runs this flow on
 the pipeline's worker, which never reads a node's disk: verify the warm copy against its manifest
 (re-hash) and mark it READY, then for every colder tier whose retention rules keep the checkpoint
-(``ckptflow.tasks.admission``: the others are skipped, ``replica.skipped`` in the catalog) copy it
+(``ckptflow.pipeline.admission``: the others are skipped, ``replica.skipped`` in the catalog) copy it
 from warm (batches, multipart on S3 with each file's manifest CRC supplied so S3 verifies the full
 object), confirm, manifest object last, and mark the replica READY. A rerun skips replicas that
 already verify and resumes interrupted copies. Each colder replica is written under its lease
-(``ckptflow.tasks.leases``: one writer per (run, step, tier)); a tier another promotion holds is
+(``ckptflow.pipeline.leases``: one writer per (run, step, tier)); a tier another promotion holds is
 skipped, a replica retention deleted is never copied back. Runnable by hand for any run/step
 (``ckptflow promote``).
 
@@ -29,11 +29,12 @@ from ckptflow.catalog import Catalog, LeaseKey
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.results import in_memory_result
 from ckptflow.flows.runners import batch_count, submit, task_runner_for
+from ckptflow.pipeline.admission import decide_tiers
+from ckptflow.pipeline.leases import HeldLeases, hold
+from ckptflow.pipeline.promote import PromotionError, TierSteps, promote_to_tier
+from ckptflow.pipeline.tiers import file_batches, load
 from ckptflow.storage.run_names import check_run_name
-from ckptflow.tasks.admission import decide_tiers
 from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica, replica_states
-from ckptflow.tasks.leases import HeldLeases, hold
-from ckptflow.tasks.promote_ops import PromotionError, TierSteps, promote_to_tier
 from ckptflow.tasks.replica_tasks import (
     commit_replica,
     copy_batch,
@@ -41,7 +42,6 @@ from ckptflow.tasks.replica_tasks import (
     source_copy,
     verify_replica,
 )
-from ckptflow.tasks.tiers import file_batches, load
 
 PROMOTE_THREADS = 8  # thread-pool size with task_runner: threads
 

@@ -3,7 +3,7 @@
 Triggered by ``ckptflow.checkpoint.staged`` through the node's own deployment (the event names every
 node as a related resource; each agent's trigger matches its host: see :mod:`ckptflow.agent`). The
 node copies the files of the parts it holds whole that the first colder tier (warm) still lacks
-there (:func:`~ckptflow.tasks.part_ops.plan_part`: a file of another node's part, such as node 0's
+there (:func:`~ckptflow.pipeline.part.plan_part`: a file of another node's part, such as node 0's
 ``.metadata``, is that part's holder's to copy) in batches, each
 copy's bytes checked against the manifest's CRC as it is made (one pass over the part, not a re-hash
 and then a copy: :mod:`ckptflow.storage.copy`), records what it holds in the catalog, and when that
@@ -13,7 +13,7 @@ leaves the tier's replica COPYING with the nodes it is waiting for named; nothin
 published. Reads only this node's own hot root.
 
 Its row reports ``seconds`` (the flow body's wall time) and ``data_s`` / ``data_phases``: the time
-spent inside the data-moving calls (copy + CRC + fsync, publish; :mod:`ckptflow.tasks.data_time`), so
+spent inside the data-moving calls (copy + CRC + fsync, publish; :mod:`ckptflow.pipeline.data_time`), so
 a caller can tell this run's orchestration cost (its wall time minus ``data_s``) from the data's.
 """
 
@@ -30,14 +30,9 @@ from ckptflow.catalog import Catalog, LeaseKey
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.results import in_memory_result
 from ckptflow.flows.runners import batch_count, submit, task_runner_for
-from ckptflow.policy.config import CkptflowConfig
-from ckptflow.storage.run_names import check_run_name
-from ckptflow.storage.tier import Tier, TierError
-from ckptflow.tasks.catalog_tasks import checkpoint_id_of, move_replica, replica_states
-from ckptflow.tasks.data_time import DataTime
-from ckptflow.tasks.leases import hold
-from ckptflow.tasks.part_catch_up import ask_for_catch_up
-from ckptflow.tasks.part_ops import (
+from ckptflow.pipeline.data_time import DataTime
+from ckptflow.pipeline.leases import hold
+from ckptflow.pipeline.part import (
     NodeHolding,
     NotOnThisNode,
     PartPlan,
@@ -46,9 +41,14 @@ from ckptflow.tasks.part_ops import (
     plan_part,
     this_host,
 )
+from ckptflow.pipeline.tiers import batches_of, load
+from ckptflow.policy.config import CkptflowConfig
+from ckptflow.storage.run_names import check_run_name
+from ckptflow.storage.tier import Tier, TierError
+from ckptflow.tasks.catalog_tasks import checkpoint_id_of, move_replica, replica_states
+from ckptflow.tasks.part_catch_up import ask_for_catch_up
 from ckptflow.tasks.part_tasks import announce_published, holding_summary, record_node_parts
 from ckptflow.tasks.replica_tasks import commit_replica, copy_batch
-from ckptflow.tasks.tiers import batches_of, load
 
 PART_THREADS = 8
 PUBLISH_FIRST_POLL_S = 0.01  # a refused publish lease is asked for again after this (then doubling)

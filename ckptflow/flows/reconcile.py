@@ -24,14 +24,14 @@ from prefect.artifacts import create_table_artifact
 from ckptflow.catalog import LIVE_STATES, STAGED_EVENT, Catalog, ReplicaState
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.promote import promote
-from ckptflow.tasks.admission import PolicyWanted, policy_for
+from ckptflow.pipeline.admission import PolicyWanted, policy_for
+from ckptflow.pipeline.lease_cleanup import being_written, still_wanted
+from ckptflow.pipeline.reconcile import missing_tiers, pending_promotions
+from ckptflow.pipeline.retention import reconcile_retention
+from ckptflow.pipeline.tiers import load
 from ckptflow.tasks.catalog_tasks import record_replica
-from ckptflow.tasks.lease_cleanup import being_written, still_wanted
 from ckptflow.tasks.part_tasks import repost_staged
-from ckptflow.tasks.reconcile_ops import missing_tiers, pending_promotions
 from ckptflow.tasks.replica_tasks import cleanup_tier, replica_present
-from ckptflow.tasks.retention_ops import reconcile_retention
-from ckptflow.tasks.tiers import load
 
 
 @flow(name="reconcile", log_prints=False)

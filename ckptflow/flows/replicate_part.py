@@ -20,10 +20,10 @@ from ckptflow.catalog import Catalog
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.results import in_memory_result
 from ckptflow.peer import PeerSecret
+from ckptflow.pipeline import replicate as replication_ops
+from ckptflow.pipeline.part import NotOnThisNode, node_holding, this_host
+from ckptflow.pipeline.tiers import load
 from ckptflow.storage.run_names import check_run_name
-from ckptflow.tasks import replication_ops
-from ckptflow.tasks.part_ops import NotOnThisNode, node_holding, this_host
-from ckptflow.tasks.tiers import load
 
 
 @task(name="push-to-peers", cache_policy=NO_CACHE)

@@ -4,7 +4,7 @@ Reconcile first (repair a crashed earlier apply), plan, publish the plan as tabl
 with ``apply=True`` soft-delete the planned replicas and purge those past ``grace_period``. A plan
 that cannot meet its budget emits ``ckptflow.retention.over_budget`` (dry run or not), which an
 automation can route to the people who own the bill. The ordering that makes this crash-safe is
-documented in :mod:`ckptflow.tasks.retention_ops`.
+documented in :mod:`ckptflow.pipeline.retention`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from ckptflow.flows.pinned import pinned_path
-from ckptflow.tasks.retention_ops import plan_table, tier_table
+from ckptflow.pipeline.retention import plan_table, tier_table
 from ckptflow.tasks.retention_tasks import emit_over_budget, reconcile_retention_task, retention_task
 
 

@@ -22,7 +22,7 @@ a change to ``ckptflow.yaml`` applies from the next run. Task runs stay children
 What the Dask side needs:
 
 - Tasks that pickle and do not lean on the flow process: the batch tasks take strings, ints and path
-  lists and rebuild their tiers per worker process (``ckptflow.tasks.tiers.load``, cached per
+  lists and rebuild their tiers per worker process (``ckptflow.pipeline.tiers.load``, cached per
   process). Catalog writes and repairs stay in the flow process.
 - The scheduler and workers run the same environment, ckptflow installed, see the same paths (the
   config file, POSIX tiers; the flows pass an absolute config path), reach the Prefect API and S3,
@@ -47,8 +47,8 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 from prefect.utilities.callables import get_call_parameters
 
+from ckptflow.pipeline.tiers import DEFAULT_MAX_BATCHES
 from ckptflow.policy.config import CkptflowConfig
-from ckptflow.tasks.tiers import DEFAULT_MAX_BATCHES
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -5,7 +5,7 @@ and verified at upload. A replica that fails is marked CORRUPT, replaced from th
 that verifies (hot, else warm, else cold), verified again and marked READY. A replica whose manifest
 is not the one the catalog recorded at commit (``manifest_checksum``) fails too.
 
-Each replica is handled on its own (:mod:`ckptflow.tasks.scrub_ops`): a replica that cannot be read
+Each replica is handled on its own (:mod:`ckptflow.pipeline.scrub`): a replica that cannot be read
 now (an I/O error, a timeout, S3 throttling or a 5xx) is ``retry later``, noted on the replica and
 left in its state, never marked corrupt; a repair that raises is recorded on its replica (CORRUPT,
 the reason says why) and the scrub goes on. The ``scrub`` artifact is written whatever happened; the
@@ -24,9 +24,9 @@ from prefect.artifacts import create_table_artifact
 
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.runners import submit, task_runner_for
+from ckptflow.pipeline.scrub import FAILED_VERDICTS, OK, REPAIRED
+from ckptflow.pipeline.tiers import load
 from ckptflow.tasks import scrub_tasks
-from ckptflow.tasks.scrub_ops import FAILED_VERDICTS, OK, REPAIRED
-from ckptflow.tasks.tiers import load
 
 SCRUB_THREADS = 4  # thread-pool size with task_runner: threads
 

@@ -217,7 +217,7 @@ def up(directory: Path, serve: bool = True, reconcile_interval_s: int = 300, age
         RETENTION_DEPLOYMENT,
         SCRUB_DEPLOYMENT,
     )
-    from ckptflow.tasks.part_ops import this_host  # noqa: PLC0415
+    from ckptflow.pipeline.part import this_host  # noqa: PLC0415
 
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)

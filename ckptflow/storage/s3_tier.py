@@ -490,7 +490,7 @@ class S3Tier:
     def cleanup_stale(self, older_than_s: float) -> list[str]:
         """Abort incomplete multipart uploads under the prefix started over ``older_than_s`` ago (by
         age alone: the pipeline's reconcile aborts only those whose writer's lease is dead, see
-        :mod:`ckptflow.tasks.lease_cleanup`)."""
+        :mod:`ckptflow.pipeline.lease_cleanup`)."""
         now = datetime.now(UTC)
         aborted = []
         for upload in self.incomplete_uploads():

@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from ckptflow.catalog import Catalog, CheckpointState, ReplicaState
 from ckptflow.catalog.sync import sync_from_root
-from ckptflow.tasks.tiers import load
+from ckptflow.pipeline.tiers import load
 
 # The states a replica moves to COPYING from; from any other (READY, or CORRUPT/LOST being copied
 # again) it goes straight to READY when the copy completes.

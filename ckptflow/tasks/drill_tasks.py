@@ -1,4 +1,4 @@
-"""Tasks of the recovery drill: thin wrappers over :mod:`ckptflow.tasks.drill_ops` and the gates.
+"""Tasks of the recovery drill: thin wrappers over :mod:`ckptflow.pipeline.drill` and the gates.
 
 No retries: a drill measures what happens on the first try; retrying would hide the failure it exists
 to find.
@@ -13,9 +13,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from ckptflow.catalog import Catalog
+from ckptflow.pipeline import drill as drill_ops
+from ckptflow.pipeline.tiers import load
 from ckptflow.policy.drill_spec import DrillSpec
-from ckptflow.tasks import drill_ops
-from ckptflow.tasks.tiers import load
 
 DRILL_PASSED_EVENT = "ckptflow.drill.passed"
 DRILL_FAILED_EVENT = "ckptflow.drill.failed"
@@ -56,7 +56,7 @@ def run_scratch_job(spec: DrillSpec, step: int, scratch: Path) -> drill_ops.JobR
 @task(name="drill-quality-gates", cache_policy=NO_CACHE)
 def quality_gates(config_path: str, spec: DrillSpec) -> list[Any]:
     """The catalog suite (the drilled run) and the drill-history suite, with Great Expectations."""
-    from ckptflow.tasks import quality_gates as gates  # noqa: PLC0415 - GX costs seconds to import
+    from ckptflow.pipeline.report import quality_gates as gates  # noqa: PLC0415 - GX costs seconds to import
 
     config, _ = load(config_path)
     catalog = Catalog.open(config.catalog)

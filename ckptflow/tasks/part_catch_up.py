@@ -30,8 +30,8 @@ from typing import Any
 
 from ckptflow.catalog import Catalog
 from ckptflow.catalog.models import utcnow
+from ckptflow.pipeline.part import deployment_name, node_of_part_lease, owners_of
 from ckptflow.storage.manifest import Manifest
-from ckptflow.tasks.part_ops import deployment_name, node_of_part_lease, owners_of
 
 log = logging.getLogger("ckptflow.catch_up")
 

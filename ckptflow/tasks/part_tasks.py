@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from ckptflow.catalog import Catalog, ReplicaState
+from ckptflow.pipeline.part import NodeHolding
 from ckptflow.storage.event_schema import PUBLISHED_EVENT, STAGED_EVENT, checkpoint_resource, node_resources
-from ckptflow.tasks.part_ops import NodeHolding
 
 
 def record_node_parts(catalog: Catalog, run: str, step: int, host: str, holding: NodeHolding) -> list[int]:

@@ -10,12 +10,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from ckptflow.catalog import Catalog
+from ckptflow.pipeline import progress
+from ckptflow.pipeline.lease_cleanup import clean_remote_tier
+from ckptflow.pipeline.tiers import load
 from ckptflow.storage.manifest import Manifest
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.s3_tier import S3Tier
-from ckptflow.tasks import progress
-from ckptflow.tasks.lease_cleanup import clean_remote_tier
-from ckptflow.tasks.tiers import load
 
 
 def source_copy(config_path: str, run: str, step: int, source: str) -> tuple[Path, Manifest]:
@@ -88,8 +88,8 @@ def verify_replica(config_path: str, run: str, step: int, tier: str) -> dict[str
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def repair_replica(config_path: str, run: str, step: int, tier: str, source_tier: str) -> str:
     """Replace a corrupt replica with a verified copy from ``source_tier`` under the replica's
-    lease (:func:`ckptflow.tasks.scrub_ops.leased_repair`); LeaseHeld if another writer keeps it."""
-    from ckptflow.tasks.scrub_ops import leased_repair  # noqa: PLC0415 - scrub_ops imports this module
+    lease (:func:`ckptflow.pipeline.scrub.leased_repair`); LeaseHeld if another writer keeps it."""
+    from ckptflow.pipeline.scrub import leased_repair  # noqa: PLC0415 - scrub_ops imports this module
 
     config, tiers = load(config_path)
     catalog = Catalog.open(config.catalog)
@@ -102,7 +102,7 @@ def repair_replica(config_path: str, run: str, step: int, tier: str, source_tier
 @task(cache_policy=NO_CACHE)
 def cleanup_tier(config_path: str, tier: str, older_than_s: float) -> list[str]:
     """Remove interrupted work on a tier: stale partial directories (no live writer's lock in them);
-    on S3, what dead promotions left, by lease (:mod:`ckptflow.tasks.lease_cleanup`)."""
+    on S3, what dead promotions left, by lease (:mod:`ckptflow.pipeline.lease_cleanup`)."""
     config, tiers = load(config_path)
     target = tiers[tier]
     if not isinstance(target, S3Tier):

@@ -1,4 +1,4 @@
-"""Prefect tasks over :mod:`ckptflow.tasks.retention_ops` (the logic and its tests live there)."""
+"""Prefect tasks over :mod:`ckptflow.pipeline.retention` (the logic and its tests live there)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ckptflow.tasks import retention_ops
-from ckptflow.tasks.retention_ops import RetentionReport
+from ckptflow.pipeline import retention as retention_ops
+from ckptflow.pipeline.retention import RetentionReport
 
 OVER_BUDGET_EVENT = "ckptflow.retention.over_budget"
 

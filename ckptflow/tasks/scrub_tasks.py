@@ -1,4 +1,4 @@
-"""Tasks of ``scrub`` over :mod:`ckptflow.tasks.scrub_ops` (the logic and its tests live there)."""
+"""Tasks of ``scrub`` over :mod:`ckptflow.pipeline.scrub` (the logic and its tests live there)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from ckptflow.catalog import Catalog
-from ckptflow.tasks import progress, scrub_ops
-from ckptflow.tasks.scrub_ops import Check, ScrubTarget
-from ckptflow.tasks.tiers import load
+from ckptflow.pipeline import progress
+from ckptflow.pipeline import scrub as scrub_ops
+from ckptflow.pipeline.scrub import Check, ScrubTarget
+from ckptflow.pipeline.tiers import load
 
 
 @task(name="scrub-check", cache_policy=NO_CACHE)
@@ -33,7 +34,7 @@ def settle_replica(config_path: str, target: ScrubTarget, check: Check, repair: 
 
 
 def targets(config_path: str, tiers: list[str]) -> list[ScrubTarget]:
-    """The replicas to scrub on ``tiers`` (see :func:`scrub_ops.scrub_targets`)."""
+    """The replicas to scrub on ``tiers`` (see :func:`ckptflow.pipeline.scrub.scrub_targets`)."""
     config, _ = load(config_path)
     catalog = Catalog.open(config.catalog)
     try:
@@ -43,7 +44,7 @@ def targets(config_path: str, tiers: list[str]) -> list[ScrubTarget]:
 
 
 def record_error(config_path: str, target: ScrubTarget, exc: BaseException) -> dict[str, Any]:
-    """:func:`scrub_ops.record_error` with the catalog of ``config_path``."""
+    """:func:`ckptflow.pipeline.scrub.record_error` with the catalog of ``config_path``."""
     config, _ = load(config_path)
     catalog = Catalog.open(config.catalog)
     try:

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from ckptflow.catalog import Catalog, DeletionPhase, ReplicaState
+from ckptflow.pipeline.retention import apply_retention, reconcile_retention
+from ckptflow.pipeline.tiers import load
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, manifest_checksum
 from ckptflow.storage.posix_tier import PosixTier
-from ckptflow.tasks.retention_ops import apply_retention, reconcile_retention
-from ckptflow.tasks.tiers import load
 
 pytestmark = pytest.mark.slow
 

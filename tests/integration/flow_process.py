@@ -5,7 +5,7 @@
 
 The flow reports to the Prefect API of this process's environment (a real flow run). ``--throttle-mib-s``
 slows its data path to about R MiB/s through the product's own progress hook (every copy and upload
-reports each chunk to ``ckptflow.tasks.progress``; the hook sleeps as long as R allows), so its work
+reports each chunk to ``ckptflow.pipeline.progress``; the hook sleeps as long as R allows), so its work
 stays in flight long enough for another writer to meet it; ``--throttle-after-mib N`` lets the first N MiB
 through at full speed (a promotion's re-hash of its source), so only what follows (the upload) is slow.
 ``--start-when GO``: once imported, write
@@ -67,7 +67,7 @@ def main() -> int:
     opts = ap.parse_args()
     module, name = opts.flow.split(":")
     flow = getattr(importlib.import_module(module), name)
-    from ckptflow.tasks import progress
+    from ckptflow.pipeline import progress
 
     report: dict[str, Any] = {"flow": opts.flow}
     before = write_bytes()

@@ -13,7 +13,7 @@ import sys
 import time
 
 from ckptflow.catalog import Catalog, LeaseGrant, LeaseKey
-from ckptflow.tasks.leases import hold
+from ckptflow.pipeline.leases import hold
 
 KEY = LeaseKey("contended", 7, "cold")
 

@@ -20,12 +20,12 @@ import pytest
 import yaml
 
 from ckptflow.catalog import Catalog, ReplicaState
+from ckptflow.pipeline.tiers import DEFAULT_MAX_BATCHES, load
 from ckptflow.policy.config import CkptflowConfig, load_config
 from ckptflow.policy.yaml_source import ConfigError
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, manifest_checksum
 from ckptflow.storage.posix_tier import PosixTier
-from ckptflow.tasks.tiers import DEFAULT_MAX_BATCHES, load
 
 MiB = 1 << 20
 RUN = "dask-run"

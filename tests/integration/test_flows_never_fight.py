@@ -223,7 +223,7 @@ def test_retention_then_reconcile_a_soft_deleted_replica_is_not_copied_again(
     from ckptflow.flows.promote import promote
     from ckptflow.flows.promote_part import promote_part
     from ckptflow.flows.reconcile import reconcile
-    from ckptflow.tasks.retention_ops import apply_retention
+    from ckptflow.pipeline.retention import apply_retention
 
     run, config = "retained", str(made.config)
     for step in (1, 2):

@@ -20,10 +20,10 @@ from two_node_hot import RUN, build_two_node_world
 
 from ckptflow.catalog import Catalog, LeaseGrant
 from ckptflow.flows.pinned import CONFIG_DIR_ENV
+from ckptflow.pipeline.part import part_lease
 from ckptflow.services.prefect_server import PrefectServer
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
-from ckptflow.tasks.part_ops import part_lease
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

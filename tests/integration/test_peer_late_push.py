@@ -15,10 +15,10 @@ from peer_parts import RUN, SECRET, make_checkpoint
 
 from ckptflow.catalog import Catalog, ReplicaState
 from ckptflow.peer import PartId, PeerClient, PeerSecret, PeerServer, replica_dir
+from ckptflow.pipeline.part import node_holding
+from ckptflow.pipeline.replicate import replicate
 from ckptflow.policy.config import load_config
 from ckptflow.storage.posix_tier import PosixTier
-from ckptflow.tasks.part_ops import node_holding
-from ckptflow.tasks.replication_ops import replicate
 
 
 @pytest.fixture

@@ -91,7 +91,7 @@ def test_staged_events_trigger_promotion_to_warm_and_cold(stack, tmp_path):
 
     from ckptflow.agent.node_deployments import deployment_name
     from ckptflow.flows.deployments import PROMOTE_DEPLOYMENT
-    from ckptflow.tasks.part_ops import this_host
+    from ckptflow.pipeline.part import this_host
 
     async def runs_of(flow: str, deployment: str) -> list:
         # By flow and deployment name: a node's promote-part and replicate-part deployments are

@@ -89,7 +89,7 @@ def test_cold_gets_only_every_4th_checkpoint_and_the_plan_reports_the_fees_not_p
 ) -> None:
     from ckptflow.flows.promote import promote
     from ckptflow.flows.reconcile import reconcile
-    from ckptflow.tasks.retention_ops import apply_retention
+    from ckptflow.pipeline.retention import apply_retention
 
     with CountingProxy(seaweed.endpoint_url) as proxy:
         config = _world(tmp_path, proxy.url, s3_bucket, seaweed)

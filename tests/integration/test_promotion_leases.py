@@ -16,9 +16,9 @@ import pytest
 from pipeline_env import Bench, reporting, save_checkpoint, start_flow, wait_for
 
 from ckptflow.catalog import LeaseGrant
+from ckptflow.pipeline import progress
+from ckptflow.pipeline.leases import LeaseLost
 from ckptflow.storage.manifest import MANIFEST_NAME
-from ckptflow.tasks import progress
-from ckptflow.tasks.leases import LeaseLost
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

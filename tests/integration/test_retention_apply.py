@@ -20,13 +20,13 @@ from typer.testing import CliRunner
 from ckptflow.catalog import Catalog, DeletionPhase, ReplicaState
 from ckptflow.catalog.models import Checkpoint, CheckpointPin, utcnow
 from ckptflow.catalog.sync import sync_from_root
+from ckptflow.pipeline.retention import apply_retention, reconcile_retention
 from ckptflow.policy.drill_spec import DrillSpec
 from ckptflow.services.prefect_server import PrefectServer
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, manifest_checksum
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.tier import TierError
-from ckptflow.tasks.retention_ops import apply_retention, reconcile_retention
 
 RUN = "r"
 POLICY = """\
@@ -89,7 +89,7 @@ def build_world(tmp: Path, steps: int = 10) -> tuple[str, str]:
 
 
 def replica_states(config_path: str) -> dict[tuple[str, int], ReplicaState]:
-    from ckptflow.tasks.tiers import load
+    from ckptflow.pipeline.tiers import load
 
     config, _ = load(config_path)
     catalog = Catalog.open(config.catalog)
@@ -102,7 +102,7 @@ def replica_states(config_path: str) -> dict[tuple[str, int], ReplicaState]:
 
 
 def audit(config_path: str, phase: DeletionPhase | None = None) -> list:
-    from ckptflow.tasks.tiers import load
+    from ckptflow.pipeline.tiers import load
 
     config, _ = load(config_path)
     catalog = Catalog.open(config.catalog)
@@ -148,7 +148,7 @@ def test_apply_soft_deletes_the_plan_then_purges_after_grace(world: tuple[str, s
     assert {(a.tier, a.step) for a in soft} == EXPECTED and len(soft) == len(EXPECTED)
     assert all(a.rule == "no_rule" and a.plan_id == report.plan_id and a.policy_hash for a in soft)
     # A rescan of the hot root does not resurrect what retention deleted.
-    from ckptflow.tasks.tiers import load
+    from ckptflow.pipeline.tiers import load
 
     catalog = Catalog.open(load(config)[0].catalog)
     sync_from_root(catalog, str(tmp / "hot" / RUN), run=RUN)
@@ -170,7 +170,7 @@ def test_apply_soft_deletes_the_plan_then_purges_after_grace(world: tuple[str, s
 
 def test_pinned_and_in_flight_replicas_are_untouched(world: tuple[str, str, Path]) -> None:
     config, policy, _ = world
-    from ckptflow.tasks.tiers import load
+    from ckptflow.pipeline.tiers import load
 
     catalog = Catalog.open(load(config)[0].catalog)
     by_step = {cp.step: cp.id for cp in catalog.checkpoints(RUN)}
@@ -190,7 +190,7 @@ def test_pinned_and_in_flight_replicas_are_untouched(world: tuple[str, str, Path
 
 
 def _open(config_path: str) -> Catalog:
-    from ckptflow.tasks.tiers import load
+    from ckptflow.pipeline.tiers import load
 
     return Catalog.open(load(config_path)[0].catalog)
 
@@ -255,7 +255,7 @@ def _drill_spec(checkpoint: str | int) -> DrillSpec:
 def test_a_drill_never_holds_a_choice_that_retention_deleted_before_the_pin(
     world: tuple[str, str, Path],
 ) -> None:
-    from ckptflow.tasks.drill_ops import DrillFailure, choose_and_pin
+    from ckptflow.pipeline.drill import DrillFailure, choose_and_pin
 
     config, policy, tmp = world
     warm = PosixTier("warm", tmp / "warm")

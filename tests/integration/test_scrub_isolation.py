@@ -21,13 +21,13 @@ import pytest
 import torch
 
 from ckptflow.catalog import Catalog, ReplicaState
+from ckptflow.pipeline import scrub as scrub_ops
 from ckptflow.policy.config import load_config
 from ckptflow.services.prefect_server import PrefectServer
 from ckptflow.services.seaweed import CREDENTIALS_NAME, SeaweedServer
 from ckptflow.storage.from_config import build_tiers
 from ckptflow.storage.manifest import read_manifest
 from ckptflow.storage.s3_tier import S3Tier
-from ckptflow.tasks import scrub_ops
 from ckptflow.training_hooks import Checkpointer, ModelState
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -377,7 +377,7 @@ def test_deployed_pipeline_runs_authenticated_and_no_log_or_artifact_holds_a_sec
 
     from ckptflow.catalog import Catalog
     from ckptflow.flows.scrub import scrub
-    from ckptflow.tasks.tiers import load
+    from ckptflow.pipeline.tiers import load
     from ckptflow.training_hooks import Cadence, Checkpointer, ModelState
 
     started = time.perf_counter()
@@ -457,7 +457,7 @@ def test_deployed_pipeline_runs_authenticated_and_no_log_or_artifact_holds_a_sec
     try:
         # The node's deployment (and its trigger) exists before the job's first event.
         from ckptflow.agent.node_deployments import deployment_name
-        from ckptflow.tasks.part_ops import this_host
+        from ckptflow.pipeline.part import this_host
 
         _wait_for_deployment(prefect_auth, deployment_name(this_host()), agent_log)
         from ckptflow.services import stack as local_stack

@@ -19,8 +19,8 @@ from ckptflow.catalog import Catalog, Drill, ReplicaState
 from ckptflow.catalog.engine import dispose_engine
 from ckptflow.cli import app
 from ckptflow.cli.status import _runs_table
-from ckptflow.tasks.cost_ops import cost_now
-from ckptflow.tasks.status_ops import StatusReport, default_policy_path, run_statuses, status_report
+from ckptflow.pipeline.report.cost import cost_now
+from ckptflow.pipeline.report.status import StatusReport, default_policy_path, run_statuses, status_report
 
 GB = 1_000_000_000
 CHECKPOINT_BYTES = 2 * GB

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ckptflow.tasks.data_time import DataTime
+from ckptflow.pipeline.data_time import DataTime
 
 
 def test_only_the_time_inside_measure_is_counted() -> None:

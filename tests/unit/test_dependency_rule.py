@@ -21,9 +21,10 @@ ALLOWED_INTERNAL = {
     "policy": {"policy"},
     "catalog": {"catalog", "storage"},
     "training_hooks": {"training_hooks", "storage", "peer", "catalog", "policy"},
-    "tasks": {"tasks", "catalog", "storage", "peer", "policy"},
-    "flows": {"flows", "tasks", "catalog", "storage", "peer", "policy"},
-    "agent": {"agent", "flows", "tasks", "catalog", "storage", "peer", "policy"},
+    "pipeline": {"pipeline", "catalog", "storage", "peer", "policy"},
+    "tasks": {"tasks", "pipeline", "catalog", "storage", "peer", "policy"},
+    "flows": {"flows", "tasks", "pipeline", "catalog", "storage", "peer", "policy"},
+    "agent": {"agent", "flows", "tasks", "pipeline", "catalog", "storage", "peer", "policy"},
 }
 FORBIDDEN_EXTERNAL = {
     "storage": {"torch", "sqlalchemy", "sqlmodel", "prefect"},

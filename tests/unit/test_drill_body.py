@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from ckptflow.catalog import Catalog, Drill, ReplicaState
+from ckptflow.pipeline import drill_body
+from ckptflow.pipeline.drill import JobResult
 from ckptflow.policy.config import load_config
 from ckptflow.policy.drill_spec import DrillSpec
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest
 from ckptflow.storage.posix_tier import PosixTier
-from ckptflow.tasks import drill_body, drill_tasks
-from ckptflow.tasks.drill_ops import JobResult
+from ckptflow.tasks import drill_tasks
 
 RUN = "d"
 REFERENCE = 0.625

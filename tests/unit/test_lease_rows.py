@@ -10,7 +10,7 @@ import time
 import pytest
 
 from ckptflow.catalog import Catalog, LeaseGrant, LeaseKey, LeaseRefusal
-from ckptflow.tasks.leases import LeaseHeld, LeaseLost, hold, hold_all_or_raise
+from ckptflow.pipeline.leases import LeaseHeld, LeaseLost, hold, hold_all_or_raise
 
 KEY = LeaseKey("run-a", 10, "cold")
 

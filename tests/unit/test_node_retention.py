@@ -11,9 +11,9 @@ from two_node_hot import HOSTS, RUN, build_two_node_world
 
 from ckptflow.catalog import Catalog, DeletionPhase
 from ckptflow.catalog.models import utcnow
+from ckptflow.pipeline.node_retention import newest_complete, node_hot_retention
 from ckptflow.storage import layout
 from ckptflow.storage.posix_tier import PosixTier
-from ckptflow.tasks.node_retention import newest_complete, node_hot_retention
 
 
 def _steps_on(tmp: Path, host: str) -> list[int]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ckptflow.pipeline.part import NodeHolding, plan_part
 from ckptflow.storage.manifest import FileEntry, Manifest, NodePart
 from ckptflow.storage.posix_tier import PosixTier
-from ckptflow.tasks.part_ops import NodeHolding, plan_part
 
 FILES = 30_000
 

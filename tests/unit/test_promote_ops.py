@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from ckptflow.catalog import Catalog, ReplicaState
+from ckptflow.pipeline.promote import PromotionError, TierSteps, promote_to_tier
+from ckptflow.pipeline.tiers import file_batches, load
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.tasks.catalog_tasks import record_replica
-from ckptflow.tasks.promote_ops import PromotionError, TierSteps, promote_to_tier
 from ckptflow.tasks.replica_tasks import commit_replica, copy_batch, replica_present, verify_replica
-from ckptflow.tasks.tiers import file_batches, load
 
 RUN, STEP = "p", 30
 

@@ -17,9 +17,7 @@ from sqlalchemy import text
 
 from ckptflow.catalog import Catalog, Drill, ReplicaState
 from ckptflow.catalog.engine import dispose_engine
-from ckptflow.storage import checksums
-from ckptflow.storage.manifest import FileEntry
-from ckptflow.tasks.quality_gates import (
+from ckptflow.pipeline.report.quality_gates import (
     CHECKSUM_PATTERN,
     GateResult,
     catalog_frames,
@@ -27,6 +25,8 @@ from ckptflow.tasks.quality_gates import (
     run_catalog_gate,
     run_drill_history_gate,
 )
+from ckptflow.storage import checksums
+from ckptflow.storage.manifest import FileEntry
 
 RUN = "r"
 STEPS = (10, 20, 30)
@@ -313,6 +313,6 @@ def test_kept_ids_of_an_empty_catalog(catalog: Catalog, tmp_path: Path) -> None:
 
 
 def test_importing_the_module_does_not_load_great_expectations() -> None:
-    code = "import sys, ckptflow.tasks.quality_gates; print('great_expectations' in sys.modules)"
+    code = "import sys, ckptflow.pipeline.report.quality_gates; print('great_expectations' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ckptflow.catalog import Catalog
+from ckptflow.pipeline.reconcile import missing_tiers, pending_promotions
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest
 from ckptflow.storage.posix_tier import PosixTier
-from ckptflow.tasks.reconcile_ops import missing_tiers, pending_promotions
 
 RUN = "r"
 

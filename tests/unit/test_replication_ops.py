@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from ckptflow.agent.peer_service import parse_bind
+from ckptflow.pipeline.part import NodeHolding
+from ckptflow.pipeline.replicate import own_parts, peer_hosts
 from ckptflow.storage.manifest import FileEntry, Manifest, NodePart
-from ckptflow.tasks.part_ops import NodeHolding
-from ckptflow.tasks.replication_ops import own_parts, peer_hosts
 from ckptflow.training_hooks.restore.inventory import NodeInventory, ReplicaHolding
 from ckptflow.training_hooks.restore.sources import PeerAccess, peer_holders
 

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from ckptflow.storage import checksums
-from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest
-from ckptflow.storage.posix_tier import PosixTier
-from ckptflow.storage.tier import Progress, TierError, TransferResult
-from ckptflow.tasks.restore_ops import (
+from ckptflow.pipeline.restore import (
     FAILED_VERIFY_MARK,
     Attempt,
     RestoreFailed,
     RestoreRefused,
     restore_from_tiers,
 )
+from ckptflow.storage import checksums
+from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest
+from ckptflow.storage.posix_tier import PosixTier
+from ckptflow.storage.tier import Progress, TierError, TransferResult
 
 RUN = "r"
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
+from ckptflow.pipeline import scrub as scrub_ops
+from ckptflow.pipeline.scrub import ScrubTarget
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.s3_client import S3Bucket, S3Credentials
 from ckptflow.storage.tier import TierConfigurationError, TierError
-from ckptflow.tasks import scrub_ops
-from ckptflow.tasks.scrub_ops import ScrubTarget
 
 SECRET = "s3cr3t-value"
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from ckptflow.catalog import Catalog, ReplicaState
+from ckptflow.pipeline import scrub as scrub_ops
+from ckptflow.pipeline.scrub import ScrubTarget
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, content_digest
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.verify import FileProblem
-from ckptflow.tasks import scrub_ops
-from ckptflow.tasks.scrub_ops import ScrubTarget
 
 RUN = "s"
 

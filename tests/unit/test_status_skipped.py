@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ckptflow.catalog import Catalog, ReplicaState
 from ckptflow.catalog.promotion_skips import record_skipped, skipped_tiers
-from ckptflow.tasks.status_ops import run_statuses
+from ckptflow.pipeline.report.status import run_statuses
 
 
 def test_a_skipped_cold_copy_is_not_a_pending_promotion(tmp_path: Path) -> None:

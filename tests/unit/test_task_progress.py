@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from ckptflow.tasks import progress
+from ckptflow.pipeline import progress
 
 
 def test_no_sink_means_no_callback_and_reports_are_dropped():

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ckptflow.pipeline.part import NodeHolding, plan_part
 from ckptflow.storage.manifest import FileEntry, Manifest, NodePart
 from ckptflow.storage.posix_tier import PosixTier
-from ckptflow.tasks.part_ops import NodeHolding, plan_part
 
 
 def manifest(nodes: bool = True) -> Manifest:

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from ckptflow.catalog import Catalog, LeaseGrant
+from ckptflow.pipeline import drill as drill_ops
+from ckptflow.pipeline.leases import LeaseHeld
 from ckptflow.storage.manifest import read_manifest
 from ckptflow.storage.posix_tier import PosixTier
-from ckptflow.tasks import drill_ops
-from ckptflow.tasks.leases import LeaseHeld
 
 RUN = "leased"
 

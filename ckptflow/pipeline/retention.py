@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Any
 
 from ckptflow.catalog import AuditFacts, Catalog, DeletionPhase, ReplicaState
 from ckptflow.catalog.models import utcnow
+from ckptflow.pipeline.tiers import load
 from ckptflow.policy.config import CkptflowConfig
 from ckptflow.policy.retention_schema import RetentionPolicy, load_retention_policy, policy_hash
 from ckptflow.storage.manifest import MANIFEST_NAME, ManifestError, parse_manifest, read_manifest
 from ckptflow.storage.tier import Tier, TierError
-from ckptflow.tasks.tiers import load
 
 if TYPE_CHECKING:
     from ckptflow.policy.retention import Deletion, RetentionPlan

@@ -4,7 +4,7 @@ With node-local hot storage the catalog has one hot replica per checkpoint, but 
 over the nodes' disks, and only a node can delete what it holds. So every node's agent (the
 ``node-housekeeping`` flow) runs :func:`node_hot_retention` on its own hot root:
 
-- the plan is the cluster-wide one (:func:`ckptflow.tasks.retention_ops.plan_now` over the catalog):
+- the plan is the cluster-wide one (:func:`ckptflow.pipeline.retention.plan_now` over the catalog):
   the hot replicas it deletes; plus hot replicas another node already recorded DELETED (the first
   node to delete its part records the replica, its audit row and the pin re-check, in one catalog
   transaction; the others follow);
@@ -26,13 +26,13 @@ from typing import Any
 
 from ckptflow.catalog import AuditFacts, Catalog, DeletionPhase, ReplicaState
 from ckptflow.catalog.models import utcnow
+from ckptflow.pipeline.admission import policy_for
+from ckptflow.pipeline.part import NotOnThisNode, node_holding
+from ckptflow.pipeline.retention import plan_now
+from ckptflow.pipeline.tiers import load
 from ckptflow.storage import layout
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.tier import Tier
-from ckptflow.tasks.admission import policy_for
-from ckptflow.tasks.part_ops import NotOnThisNode, node_holding
-from ckptflow.tasks.retention_ops import plan_now
-from ckptflow.tasks.tiers import load
 
 
 def newest_complete(hot: PosixTier, run: str, host: str) -> int | None:

@@ -19,9 +19,9 @@ from ckptflow.catalog import Catalog, ReplicaState
 from ckptflow.peer import PartId, PeerError, PeerSecret, peers_for, replica_dir
 from ckptflow.peer.bandwidth import TokenBucket
 from ckptflow.peer.client import PeerClient
+from ckptflow.pipeline.part import NodeHolding
 from ckptflow.policy.config import CkptflowConfig
 from ckptflow.storage.manifest import Manifest
-from ckptflow.tasks.part_ops import NodeHolding
 
 log = logging.getLogger("ckptflow.replication")
 

@@ -5,7 +5,7 @@ scratch job, judges loss and time to recover, and records every figure on the ``
 is released and the scratch directory removed whatever happens. The three steps that touch tiers and
 processes come in through :class:`DrillSteps`: the ``recovery_drill`` flow passes its tasks (so each
 step is a task run in the Prefect UI), a test may pass the plain functions of
-:mod:`ckptflow.tasks.drill_ops`. :func:`summary` and :func:`report_markdown` turn the finished row
+:mod:`ckptflow.pipeline.drill`. :func:`summary` and :func:`report_markdown` turn the finished row
 into the event payload and the artifact. No Prefect here.
 """
 
@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from ckptflow.catalog import Catalog, Drill
+from ckptflow.pipeline import drill as drill_ops
+from ckptflow.pipeline.leases import hold, holder_name
 from ckptflow.policy.config import CkptflowConfig
 from ckptflow.policy.drill_spec import DrillSpec
-from ckptflow.tasks import drill_ops
-from ckptflow.tasks.leases import hold, holder_name
 
 log = logging.getLogger("ckptflow.drill")
 

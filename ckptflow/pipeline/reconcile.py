@@ -3,7 +3,7 @@
 A checkpoint is *pending* when it is live, published on the first colder tier (warm), and some colder
 tier that should hold it shows no committed copy of it (a lost ``published`` event, a failed
 promotion). ``wanted(run, step, tier)`` says whether a tier should hold a checkpoint at all (the
-retention policy may skip a tier: :mod:`ckptflow.tasks.admission`); by default every tier should.
+retention policy may skip a tier: :mod:`ckptflow.pipeline.admission`); by default every tier should.
 No Prefect here.
 """
 

@@ -14,7 +14,7 @@ from typing import Any
 from ckptflow.catalog import Catalog
 from ckptflow.catalog.models import TIERS, utcnow
 from ckptflow.catalog.retention_rows import replica_history
-from ckptflow.tasks.tiers import load
+from ckptflow.pipeline.tiers import load
 
 _GONE = ("deleted", "lost")
 

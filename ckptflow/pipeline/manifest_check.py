@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ckptflow.pipeline.tiers import load
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME
 from ckptflow.storage.tier import TierError
-from ckptflow.tasks.tiers import load
 
 
 def manifest_mismatch(config_path: str, run: str, step: int, tier: str, recorded: str | None) -> str | None:

@@ -19,11 +19,11 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ckptflow.pipeline.tiers import load
 from ckptflow.policy.config import TIER_ORDER, CkptflowConfig, PosixTierConfig
 from ckptflow.storage import layout
 from ckptflow.storage.tier import Progress, Tier
 from ckptflow.storage.verify import verify_checkpoint
-from ckptflow.tasks.tiers import load
 
 AUTO = "auto"
 FAILED_VERIFY_MARK = ".failed-verify-"

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from ckptflow.catalog import Catalog, LeaseKey, ReplicaState
+from ckptflow.pipeline.leases import LeaseHeld, hold, hold_all_or_raise
+from ckptflow.pipeline.manifest_check import bytes_mismatch
 from ckptflow.storage.manifest import MANIFEST_NAME, Manifest
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.tier import Progress, Tier, TierConfigurationError, TierError
 from ckptflow.storage.verify import FileProblem
-from ckptflow.tasks.leases import LeaseHeld, hold, hold_all_or_raise
-from ckptflow.tasks.manifest_check import bytes_mismatch
 
 # What a failed read raises: none of it says anything about the bytes.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError, TierError)
@@ -147,7 +147,7 @@ def repair_from(target: Tier, source: Tier, run: str, step: int) -> str:
 def leased_repair(catalog: Catalog, target: Tier, source: Tier, run: str, step: int, ttl_s: float) -> str:
     """:func:`repair_from` under the replica's lease (run, step, tier): a writer holding it (a
     promotion re-copying the replica) is waited for up to one lease time to live, then
-    :class:`~ckptflow.tasks.leases.LeaseHeld` is raised and nothing is touched."""
+    :class:`~ckptflow.pipeline.leases.LeaseHeld` is raised and nothing is touched."""
     key = LeaseKey(run, step, target.name)
     with hold(catalog, [key], "scrub-repair", ttl_s, wait_s=ttl_s, work_uri=target.uri(run, step)) as held:
         hold_all_or_raise(held, f"repair of {key} deferred")

@@ -2,7 +2,7 @@
 
 Age alone cannot tell a dead upload from a slow one: a file whose multipart upload takes longer
 than ``promote.stale_upload_age_s`` would be aborted under its live writer, again on every run, and
-never reach the tier. Every writer of a replica holds its lease (:mod:`ckptflow.tasks.leases`), so
+never reach the tier. Every writer of a replica holds its lease (:mod:`ckptflow.pipeline.leases`), so
 the clean-up takes that lease itself before it removes anything: granted means no writer is alive
 (none ever started, or its lease expired: it was killed), and none can start while the clean-up
 runs. The age threshold still applies on top: a failed promotion is retried (and resumes its
@@ -27,8 +27,8 @@ from datetime import UTC, datetime
 
 from ckptflow.catalog import ALL_PARTS, Catalog, LeaseGrant, ReplicaState
 from ckptflow.catalog.models import utcnow
+from ckptflow.pipeline.leases import holder_name
 from ckptflow.storage.s3_tier import IncompleteUpload, S3Tier
-from ckptflow.tasks.leases import holder_name
 
 log = logging.getLogger("ckptflow.cleanup")
 

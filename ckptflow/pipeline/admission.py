@@ -16,9 +16,9 @@ from pathlib import Path
 from ckptflow.catalog import LIVE_STATES, Catalog
 from ckptflow.catalog.models import utcnow
 from ckptflow.catalog.promotion_skips import pinned_checkpoints, record_skipped
+from ckptflow.pipeline.retention import default_policy_path
 from ckptflow.policy.admission import Admission, tier_admission
 from ckptflow.policy.retention_schema import RetentionPolicy, load_retention_policy
-from ckptflow.tasks.retention_ops import default_policy_path
 
 log = logging.getLogger("ckptflow.admission")
 
@@ -86,7 +86,7 @@ def decide_tiers(
 ) -> tuple[list[str], list[Admission]]:
     """(the tiers of ``tiers`` to promote (run, step) to, the skipped ones with why), each skip
     recorded in the catalog; a policy that does not load is logged and skips nothing."""
-    from ckptflow.tasks.tiers import load  # noqa: PLC0415
+    from ckptflow.pipeline.tiers import load  # noqa: PLC0415
 
     policy, problem = policy_for(config_path)
     if problem:

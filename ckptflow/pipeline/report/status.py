@@ -22,9 +22,9 @@ from typing import Any
 from ckptflow.catalog import Catalog, Drill
 from ckptflow.catalog.models import LIVE_STATES
 from ckptflow.catalog.promotion_skips import skipped_tiers
+from ckptflow.pipeline.report.cost import cost_now
 from ckptflow.policy.config import load_config
 from ckptflow.policy.retention_schema import RetentionPolicy, load_retention_policy
-from ckptflow.tasks.cost_ops import cost_now
 
 PROMOTED_TIERS = ("warm", "cold")
 SETTLED_REPLICA_STATES = ("ready", "deleted")  # nothing owed: verified there, or removed on purpose
