@@ -382,7 +382,7 @@ def register_deployments(hosts: list[str]) -> list[Any]:
     """Each node's ``promote-part`` deployment (named as ``ckptflow agent`` names it, without the
     staged-event trigger: the bench creates the runs itself), registered once, untimed. The runs are
     created in them, so a node left waiting whose other nodes hold no live part lease finds their
-    runs there as in a deployment (:mod:`ckptflow.tasks.part_catch_up`) and asks for none."""
+    runs there as in a deployment (:mod:`ckptflow.tasks.catch_up`) and asks for none."""
     from ckptflow.flows.promote_part import promote_part
     from ckptflow.pipeline.part import deployment_name
 

@@ -7,11 +7,11 @@ from pathlib import Path
 from prefect.events import DeploymentEventTrigger
 from prefect.types.entrypoint import EntrypointType
 
-from ckptflow.catalog import STAGED_EVENT
 from ckptflow.flows.node_housekeeping import node_housekeeping
 from ckptflow.flows.promote_part import promote_part
 from ckptflow.flows.replicate_part import replicate_part
 from ckptflow.pipeline.part import deployment_name
+from ckptflow.storage.events import CHECKPOINT_RESOURCES, STAGED_EVENT
 
 __all__ = ["deployment_name", "node_deployments"]
 
@@ -26,7 +26,7 @@ def node_deployments(
     on_staged = DeploymentEventTrigger(
         name=f"checkpoint staged, part on {host}",
         expect={STAGED_EVENT},
-        match={"prefect.resource.id": "ckptflow.checkpoint.*"},
+        match={"prefect.resource.id": CHECKPOINT_RESOURCES},
         match_related={"prefect.resource.role": "node", "ckptflow.node": host},
         parameters={
             "run": "{{ event.payload.run }}",

@@ -5,7 +5,7 @@ the only package that writes catalog SQL; everything else calls :class:`Catalog`
 disk remain the truth: :func:`sync_from_root` rebuilds the catalog from them.
 """
 
-from ckptflow.catalog.catalog import STAGED_EVENT, Catalog
+from ckptflow.catalog.catalog import Catalog
 from ckptflow.catalog.engine import normalize_url
 from ckptflow.catalog.leases import ALL_PARTS, LeaseGrant, LeaseKey, LeaseRefusal
 from ckptflow.catalog.models import (
@@ -49,7 +49,6 @@ __all__ = [
     "LIVE_STATES",
     "PART_TRANSITIONS",
     "REPLICA_TRANSITIONS",
-    "STAGED_EVENT",
     "TIERS",
     "Catalog",
     "CatalogEvent",

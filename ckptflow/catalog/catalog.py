@@ -54,7 +54,7 @@ from ckptflow.catalog.rows import (
 )
 from ckptflow.catalog.schema_cache import remember_schema, schema_known
 from ckptflow.catalog.transitions import transition_checkpoint
-from ckptflow.storage.event_schema import STAGED_EVENT
+from ckptflow.storage.events import STAGED_EVENT
 from ckptflow.storage.manifest import finite_metrics
 
 _DDL_LOCK_KEY = 0x636B7074  # pg_advisory_xact_lock key: "ckpt"; serializes concurrent create_all

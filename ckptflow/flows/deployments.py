@@ -38,7 +38,7 @@ from ckptflow.flows.promote import promote
 from ckptflow.flows.reconcile import reconcile
 from ckptflow.flows.retention import apply_retention
 from ckptflow.flows.scrub import scrub
-from ckptflow.storage.event_schema import PUBLISHED_EVENT
+from ckptflow.storage.events import CHECKPOINT_RESOURCES, PUBLISHED_EVENT
 
 PROMOTE_DEPLOYMENT = "promote-on-published"
 RECONCILE_DEPLOYMENT = "reconcile-catalog-and-tiers"
@@ -62,7 +62,7 @@ def deployments(
     on_published = DeploymentEventTrigger(
         name="checkpoint published",
         expect={PUBLISHED_EVENT},
-        match={"prefect.resource.id": "ckptflow.checkpoint.*"},
+        match={"prefect.resource.id": CHECKPOINT_RESOURCES},
         # Payload fields keep their JSON types (step is an int); resource labels would be strings.
         parameters={
             "run": "{{ event.payload.run }}",

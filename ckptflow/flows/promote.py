@@ -32,9 +32,10 @@ from ckptflow.flows.runners import batch_count, submit, task_runner_for
 from ckptflow.pipeline.admission import decide_tiers
 from ckptflow.pipeline.leases import HeldLeases, hold
 from ckptflow.pipeline.promote import PromotionError, TierSteps, promote_to_tier
+from ckptflow.pipeline.replicas import replica_states
 from ckptflow.pipeline.tiers import file_batches, load
 from ckptflow.storage.run_names import check_run_name
-from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica, replica_states
+from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica
 from ckptflow.tasks.replica_tasks import (
     commit_replica,
     copy_batch,

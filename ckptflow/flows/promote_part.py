@@ -36,18 +36,20 @@ from ckptflow.pipeline.part import (
     NodeHolding,
     NotOnThisNode,
     PartPlan,
+    holding_summary,
     node_holding,
     paths_by_part,
     plan_part,
+    record_node_parts,
     this_host,
 )
+from ckptflow.pipeline.replicas import checkpoint_id_of, move_replica, replica_states
 from ckptflow.pipeline.tiers import batches_of, load
 from ckptflow.policy.config import CkptflowConfig
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.tier import Tier, TierError
-from ckptflow.tasks.catalog_tasks import checkpoint_id_of, move_replica, replica_states
-from ckptflow.tasks.part_catch_up import ask_for_catch_up
-from ckptflow.tasks.part_tasks import announce_published, holding_summary, record_node_parts
+from ckptflow.tasks.catch_up import ask_for_catch_up
+from ckptflow.tasks.emit import announce_published
 from ckptflow.tasks.replica_tasks import commit_replica, copy_batch
 
 PART_THREADS = 8
@@ -203,7 +205,7 @@ class _PartJob:
         logger.info("%s step %d: node %s copied its part to %s; %s", run, step, host, target, reason)
         # In case a waited-for node's own run was lost (Prefect drops an automation action that
         # failed): one scheduled run on each of the last few that nobody is copying now
-        # (tasks/part_catch_up.py).
+        # (tasks/catch_up.py).
         asked = ask_for_catch_up(
             self.holding.manifest, lacking, self.config.promote.catch_up_after_s, host, self.catalog, target
         )

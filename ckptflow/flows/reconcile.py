@@ -21,7 +21,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from ckptflow.catalog import LIVE_STATES, STAGED_EVENT, Catalog, ReplicaState
+from ckptflow.catalog import LIVE_STATES, Catalog, ReplicaState
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.promote import promote
 from ckptflow.pipeline.admission import PolicyWanted, policy_for
@@ -29,8 +29,9 @@ from ckptflow.pipeline.lease_cleanup import being_written, still_wanted
 from ckptflow.pipeline.reconcile import missing_tiers, pending_promotions
 from ckptflow.pipeline.retention import reconcile_retention
 from ckptflow.pipeline.tiers import load
+from ckptflow.storage.events import STAGED_EVENT
 from ckptflow.tasks.catalog_tasks import record_replica
-from ckptflow.tasks.part_tasks import repost_staged
+from ckptflow.tasks.emit import repost_staged
 from ckptflow.tasks.replica_tasks import cleanup_tier, replica_present
 
 

@@ -56,15 +56,11 @@ class LeaseLost(RuntimeError):
 
 
 def holder_name(purpose: str) -> str:
-    """``<purpose> on <host> pid <pid>``, plus the Prefect flow run when there is one: who holds a
-    lease, as operators read it in the catalog and its event log."""
+    """``<purpose> on <host> pid <pid>``, plus the Prefect flow run when this process runs one (a
+    served run, which Prefect starts with ``PREFECT__FLOW_RUN_ID`` set): who holds a lease, as
+    operators read it in the catalog and its event log."""
     name = f"{purpose} on {socket.gethostname()} pid {os.getpid()}"
-    try:
-        from prefect.runtime import flow_run  # noqa: PLC0415 - optional context, heavy import
-
-        run_id = flow_run.id
-    except Exception:  # noqa: BLE001 - no Prefect context is not an error
-        run_id = None
+    run_id = os.environ.get("PREFECT__FLOW_RUN_ID")
     return f"{name} flow run {run_id}" if run_id else name
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from ckptflow.catalog import Catalog, ReplicaState
 from ckptflow.storage.manifest import FileEntry, Manifest, ManifestError, read_manifest
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.present import split_by_presence
@@ -134,3 +136,21 @@ def plan_part(holding: NodeHolding, tier: Tier) -> PartPlan:
         to_copy=[p for p in missing if p in mine],
         waiting_for=[p for p in missing if p not in mine],
     )
+
+
+def record_node_parts(catalog: Catalog, run: str, step: int, host: str, holding: NodeHolding) -> list[int]:
+    """Record in the catalog which parts of (run, step) this node holds whole; return their indexes."""
+    manifest = holding.manifest
+    parts = holding.whole_parts()
+    catalog.record_parts(
+        run,
+        step,
+        [(k, host, str(holding.directory), manifest.part_bytes(k)) for k in parts],
+        ReplicaState.READY,
+    )
+    return parts
+
+
+def holding_summary(holding: NodeHolding) -> dict[str, Any]:
+    """What the node holds of the step, for the run's record: file count and bytes."""
+    return {"files": len(holding.held), "bytes": sum(e.size for e in holding.held)}

@@ -182,7 +182,7 @@ def _record(catalog: Catalog, holding: NodeHolding, copy: PeerCopy) -> None:
     manifest = holding.manifest
     part_id = PartId.of(manifest, copy.part)
     hot_root = holding.directory.parent.parent  # <hot root>/<run>/step-N: the same path on every node
-    size = manifest.part_bytes(copy.part)  # as the owner's own copy is counted (part_tasks.record_node_parts)
+    size = manifest.part_bytes(copy.part)  # as the owner's own copy is counted (part.record_node_parts)
     uri = replica_uri(copy.peer, hot_root, manifest.run, manifest.step, part_id)
     catalog.record_parts(manifest.run, manifest.step, [(copy.part, copy.peer, uri, size)], ReplicaState.READY)
     for step in copy.pruned or []:

@@ -25,7 +25,7 @@ from typing import Any
 
 from ckptflow.catalog import Catalog, LeaseKey, ReplicaState
 from ckptflow.pipeline.leases import LeaseHeld, hold, hold_all_or_raise
-from ckptflow.pipeline.manifest_check import bytes_mismatch
+from ckptflow.pipeline.replicas import bytes_mismatch
 from ckptflow.storage.manifest import MANIFEST_NAME, Manifest
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.storage.tier import Progress, Tier, TierConfigurationError, TierError

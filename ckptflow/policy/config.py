@@ -137,7 +137,7 @@ class PromoteConfig(_Strict):
     lease_ttl_s: float = Field(default=120.0, gt=0)
     # A node that copied its part and waits for a few others schedules, this long later, a
     # promote-part run on each of them that has none (its event-driven run was lost;
-    # tasks/part_catch_up.py). 0: never.
+    # tasks/catch_up.py). 0: never.
     catch_up_after_s: float = Field(default=60.0, ge=0)
 
 

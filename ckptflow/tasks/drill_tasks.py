@@ -16,9 +16,7 @@ from ckptflow.catalog import Catalog
 from ckptflow.pipeline import drill as drill_ops
 from ckptflow.pipeline.tiers import load
 from ckptflow.policy.drill_spec import DrillSpec
-
-DRILL_PASSED_EVENT = "ckptflow.drill.passed"
-DRILL_FAILED_EVENT = "ckptflow.drill.failed"
+from ckptflow.tasks import emit
 
 
 def _tier(config_path: str, name: str) -> Any:
@@ -74,28 +72,5 @@ def quality_gates(config_path: str, spec: DrillSpec) -> list[Any]:
 
 @task(name="drill-emit-verdict", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
 def emit_verdict(summary: dict[str, Any]) -> str:
-    """Emit ``ckptflow.drill.passed`` / ``ckptflow.drill.failed`` for automations to notify on."""
-    from prefect.events import emit_event  # noqa: PLC0415
-    from prefect.events.worker import EventsWorker  # noqa: PLC0415
-
-    name = DRILL_PASSED_EVENT if summary["passed"] else DRILL_FAILED_EVENT
-    related = []
-    if summary.get("step") is not None:
-        related.append(
-            {
-                "prefect.resource.id": f"ckptflow.checkpoint.{summary['run']}.{summary['step']}",
-                "prefect.resource.role": "checkpoint",
-            }
-        )
-    emit_event(
-        event=name,
-        resource={
-            "prefect.resource.id": f"ckptflow.drill.{summary['spec']}.{summary['drill_id']}",
-            "ckptflow.run": summary["run"],
-        },
-        related=related,
-        payload=summary,
-    )
-    # emit_event only queues; a failed drill's alert must not sit in a buffer if this process exits.
-    EventsWorker.drain_all(timeout=15)
-    return name
+    """Emit the drill's verdict (:func:`ckptflow.tasks.emit.drill_verdict`); its name."""
+    return emit.drill_verdict(summary)

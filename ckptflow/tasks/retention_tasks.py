@@ -9,8 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from ckptflow.pipeline import retention as retention_ops
 from ckptflow.pipeline.retention import RetentionReport
-
-OVER_BUDGET_EVENT = "ckptflow.retention.over_budget"
+from ckptflow.tasks import emit
 
 
 @task(cache_policy=NO_CACHE)
@@ -33,16 +32,5 @@ def retention_task(
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
 def emit_over_budget(report: RetentionReport) -> str:
     """Emit ``ckptflow.retention.over_budget`` for a plan whose budgets the floors make unreachable."""
-    from prefect.events import emit_event  # noqa: PLC0415
-
-    resource_id = f"ckptflow.retention.{report.plan.policy_hash[:12]}"
-    emit_event(
-        event=OVER_BUDGET_EVENT,
-        resource={"prefect.resource.id": resource_id},
-        payload={**retention_ops.over_budget_payload(report.plan), "plan_id": report.plan_id},
-    )
-    # emit_event only queues; an alert must not sit in a buffer if this process exits right after.
-    from prefect.events.worker import EventsWorker  # noqa: PLC0415
-
-    EventsWorker.drain_all(timeout=15)
-    return resource_id
+    payload = {**retention_ops.over_budget_payload(report.plan), "plan_id": report.plan_id}
+    return emit.over_budget(report.plan.policy_hash, payload)

@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
 from ckptflow.policy.config import load_config
 from ckptflow.storage import layout
-from ckptflow.storage.event_schema import STAGED_EVENT, node_resources
+from ckptflow.storage.events import STAGED_EVENT, node_resources
 from ckptflow.storage.from_config import build_tiers
 from ckptflow.storage.manifest import MANIFEST_NAME, Manifest, finite_metrics, parse_manifest
 from ckptflow.storage.run_names import check_run_name

@@ -45,7 +45,7 @@ def test_a_node_whose_run_was_lost_is_asked_once_and_its_part_arrives(
     from prefect.flow_engine import run_flow
 
     from ckptflow.flows.promote_part import promote_part
-    from ckptflow.tasks.part_catch_up import idempotency_key
+    from ckptflow.pipeline.part_catch_up import idempotency_key
 
     configs = build_two_node_world(tmp_path)
     # host-b holds its part of step 5 after all (the world's host-b lost it): its event-driven run

@@ -14,7 +14,7 @@ from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 
 from ckptflow.services.prefect_server import PrefectServer
-from ckptflow.storage.event_schema import STAGED_EVENT
+from ckptflow.storage.events import STAGED_EVENT
 from ckptflow.storage.manifest import read_manifest
 from ckptflow.storage.posix_tier import PosixTier
 from ckptflow.training_hooks import Checkpointer, ModelState

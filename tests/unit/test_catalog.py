@@ -15,7 +15,6 @@ from ckptflow.catalog import (
     CHECKPOINT_TRANSITIONS,
     PART_TRANSITIONS,
     REPLICA_TRANSITIONS,
-    STAGED_EVENT,
     Catalog,
     Checkpoint,
     CheckpointState,
@@ -26,6 +25,7 @@ from ckptflow.catalog import (
     normalize_url,
 )
 from ckptflow.catalog.transitions import check_checkpoint, check_replica, transition_checkpoint
+from ckptflow.storage.events import STAGED_EVENT
 
 C = CheckpointState
 R = ReplicaState

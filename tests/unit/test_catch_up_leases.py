@@ -10,8 +10,9 @@ import pytest
 
 from ckptflow.catalog import Catalog, LeaseGrant
 from ckptflow.pipeline.part import node_of_part_lease, part_lease
+from ckptflow.pipeline.part_catch_up import parts_being_copied, waited_nodes
 from ckptflow.storage.manifest import FileEntry, Manifest, NodePart
-from ckptflow.tasks.part_catch_up import ask_for_catch_up, parts_being_copied, waited_nodes
+from ckptflow.tasks.catch_up import ask_for_catch_up
 
 
 def _manifest(nodes: int = 3) -> Manifest:

@@ -1,4 +1,4 @@
-"""DESIGN.md's dependency rule, enforced: flows -> tasks -> {catalog, storage, policy};
+"""DESIGN.md's dependency rule, enforced: flows -> tasks -> pipeline -> {catalog, storage, policy};
 training_hooks -> {storage, catalog, policy}; storage -> policy (the config models); peer (the
 storage-level replication transport) -> {storage, policy}, usable wherever storage is; policy, the
 leaf, imports nothing of ours and neither torch, SQL nor Prefect; heavy imports stay out of the
@@ -31,6 +31,9 @@ FORBIDDEN_EXTERNAL = {
     "peer": {"torch", "sqlalchemy", "sqlmodel", "prefect"},
     "policy": {"torch", "sqlalchemy", "sqlmodel", "prefect"},
     "catalog": {"torch", "prefect"},
+    # The pipeline's plain logic: Prefect only in tasks/ (tasks and the calls into Prefect's API) and
+    # flows/, so every function here runs and is tested without a Prefect server.
+    "pipeline": {"prefect"},
 }
 
 

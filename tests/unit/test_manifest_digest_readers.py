@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ckptflow.catalog import Catalog, sync_from_root
-from ckptflow.pipeline.manifest_check import check_against_catalog, manifest_mismatch
+from ckptflow.pipeline.replicas import check_against_catalog, manifest_mismatch
 from ckptflow.storage import checksums, layout
 from ckptflow.storage.manifest import MANIFEST_NAME, content_digest, parse_manifest, read_manifest
 from ckptflow.storage.posix_tier import PosixTier

@@ -21,11 +21,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from ckptflow.storage.event_schema import STAGED_EVENT, checkpoint_resource, node_resources
+from ckptflow.storage.events import checkpoint_resource
 
 log = logging.getLogger("ckptflow.events")
-
-__all__ = ["STAGED_EVENT", "EventPoster", "build_event", "event_id", "node_resources"]
 
 
 def event_id(name: str, run: str, step: int, save_id: str, occasion: str | None = None) -> str:

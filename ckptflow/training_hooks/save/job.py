@@ -27,11 +27,12 @@ from torch.distributed.checkpoint.planner import SavePlan
 
 import ckptflow
 from ckptflow.storage import layout
+from ckptflow.storage.events import STAGED_EVENT, node_resources
 from ckptflow.storage.manifest import MANIFEST_NAME, Manifest, parse_manifest
 from ckptflow.training_hooks.cluster.coord_store import CoordinationStore, StoreUnavailable
 from ckptflow.training_hooks.cluster.nodes import Topology
 from ckptflow.training_hooks.commit import files as commit_files
-from ckptflow.training_hooks.commit.announce import STAGED_EVENT, build_event, node_resources
+from ckptflow.training_hooks.commit.announce import build_event
 from ckptflow.training_hooks.commit.protocol import ABANDONED, COMMITTED, CommitRound, Decision
 from ckptflow.training_hooks.commit.record import committed_record
 from ckptflow.training_hooks.save.staging import wait_for

@@ -28,34 +28,29 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import prefect
+from prefect.client.schemas.filters import (
+    DeploymentFilter,
+    DeploymentFilterId,
+    FlowRunFilter,
+    FlowRunFilterExpectedStartTime,
+)
+from prefect.states import Scheduled
+
 from ckptflow.catalog import Catalog
-from ckptflow.catalog.models import utcnow
-from ckptflow.pipeline.part import deployment_name, node_of_part_lease, owners_of
+from ckptflow.pipeline.part import deployment_name
+from ckptflow.pipeline.part_catch_up import idempotency_key, made_at, parts_being_copied, waited_nodes
 from ckptflow.storage.manifest import Manifest
 
 log = logging.getLogger("ckptflow.catch_up")
 
-CATCH_UP_MAX_NODES = 4
 PROMOTE_PART_FLOW = "promote-part"
-
-
-def idempotency_key(manifest: Manifest, host: str) -> str:
-    """One catch-up run per (run, step, save, node), whoever asks (the key is per flow in Prefect,
-    so it names the node)."""
-    return f"ckptflow catch-up {manifest.run} step {manifest.step} save {manifest.save_id} on {host}"
 
 
 def _has_a_run_for(client: Any, deployment_id: Any, manifest: Manifest) -> bool:
     """Whether the deployment has a run of (run, step) since shortly before the checkpoint was
     made that did not fail: then the node's own run was not lost (or another node asked already)."""
-    from prefect.client.schemas.filters import (  # noqa: PLC0415
-        DeploymentFilter,
-        DeploymentFilterId,
-        FlowRunFilter,
-        FlowRunFilterExpectedStartTime,
-    )
-
-    since = _made_at(manifest) - timedelta(minutes=5)
+    since = made_at(manifest) - timedelta(minutes=5)
     runs = client.read_flow_runs(
         deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
         flow_run_filter=FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(after_=since)),
@@ -69,32 +64,6 @@ def _has_a_run_for(client: Any, deployment_id: Any, manifest: Manifest) -> bool:
         )
         for r in runs
     )
-
-
-def _made_at(manifest: Manifest) -> datetime:
-    try:
-        made = datetime.fromisoformat(manifest.created_at)
-    except ValueError:
-        return datetime.now(UTC) - timedelta(days=1)
-    return made.replace(tzinfo=UTC) if made.tzinfo is None else made
-
-
-def waited_nodes(manifest: Manifest, lacking: list[str], asking_host: str) -> list[tuple[int, str]]:
-    """(save-time node, host) of the nodes whose files ``lacking`` names, other than
-    ``asking_host``; empty when there are more than :data:`CATCH_UP_MAX_NODES` (the asking node is
-    not among the last few)."""
-    nodes = [(k, h) for k, h in owners_of(manifest, lacking) if h is not None and h != asking_host]
-    return nodes if len(nodes) <= CATCH_UP_MAX_NODES else []
-
-
-def parts_being_copied(catalog: Catalog, run: str, step: int, tier: str) -> set[int]:
-    """The save-time nodes whose part of (run, step) someone is copying to ``tier`` now: their
-    part lease is live (its holder heartbeats it while it copies). A copier killed outright keeps
-    its lease until it expires (``promote.lease_ttl_s``), and its part counts as being copied until
-    then; a Prefect run killed the same way stays RUNNING until Prefect marks it crashed, so the
-    Prefect look-up would not ask for it either: that node's housekeeping promotes the part."""
-    live = catalog.leases(run, step, tier, live_at=utcnow())
-    return {k for lease in live if (k := node_of_part_lease(lease.part)) is not None}
 
 
 @dataclass
@@ -134,9 +103,6 @@ def ask_for_catch_up(
     part ``lacking`` names, that nobody is copying to ``tier`` now (:func:`parts_being_copied`)
     and that has no run of the checkpoint, if at most :data:`CATCH_UP_MAX_NODES` nodes are waited
     for (and ``after_s`` > 0); returns the hosts given a run (one Prefect did not take is logged)."""
-    from prefect import get_client  # noqa: PLC0415 - only inside a flow run
-    from prefect.states import Scheduled  # noqa: PLC0415
-
     waited = waited_nodes(manifest, lacking, asking_host)
     if after_s <= 0 or not waited:
         return []
@@ -156,7 +122,7 @@ def ask_for_catch_up(
     when = datetime.now(UTC) + timedelta(seconds=after_s)
     asked = []
     # One sync client for all of them: a few small requests per node, not run_deployment's set-up.
-    with get_client(sync_client=True) as client:
+    with prefect.get_client(sync_client=True) as client:
         lookup = look_up_runs(client, manifest, hosts)
         for host in hosts:
             if host in lookup.with_run:
