@@ -5,8 +5,8 @@ first (``check_run_name``, ``PartId.parse``, ``safe_relative_path``) and every p
 created is checked to resolve inside the hot root (a planted symlink never takes a write or a read
 elsewhere). Receiving follows the hot tier's commit protocol: files into a partial directory, each
 checked against the manifest while written and renamed into place only when whole and verified;
-commit makes every file durable (:mod:`ckptflow.peer.receiver`), writes the manifest last, fsyncs,
-renames the directory into place and fsyncs its parent.
+commit makes every file durable (:mod:`ckptflow.peer.receiver`) and publishes the replica as every
+checkpoint is published (:mod:`ckptflow.storage.publish`: manifest last, fsync, rename, parent fsync).
 
 Errors meant for the client are :class:`Refused` (an HTTP status and a message naming the fix).
 The layout is in :mod:`ckptflow.peer.identity`.
@@ -35,9 +35,10 @@ from ckptflow.peer.identity import (
 )
 from ckptflow.peer.receiver import Durability, FileReceiver
 from ckptflow.storage import checksums, layout
-from ckptflow.storage.atomic import fsync_path, publish_dir, write_file_atomic
+from ckptflow.storage.atomic import fsync_path, write_file_atomic
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, ManifestError, parse_manifest
 from ckptflow.storage.manifest import safe_relative_path as _safe_path
+from ckptflow.storage.publish import publish, retire
 from ckptflow.storage.run_names import check_run_name
 
 log = logging.getLogger("ckptflow.peer")
@@ -255,24 +256,22 @@ class ReplicaStore:
             if layout.someone_writes(partial):
                 # Another sender of the same replica is mid-file: 503, which clients retry shortly.
                 raise Refused(503, f"a file of {part} of step {step} is still being received; commit later")
-            for leftover in [
-                partial / PENDING_MANIFEST,
-                *partial.rglob(f"{RECV_PREFIX}*"),
-                *partial.glob(f"{layout.LOCK_PREFIX}*"),
-            ]:
-                leftover.unlink(missing_ok=True)
             try:
                 self.durability.wait(partial, [partial / e.path for e in entries])
             except OSError as exc:
                 raise Refused(
                     507, f"cannot make {part} of step {step} durable: {exc.strerror or exc}"
                 ) from None
-            write_file_atomic(partial / MANIFEST_NAME, manifest_bytes)
-            for directory in sorted(
-                {(partial / e.path).parent for e in entries}, key=lambda p: -len(p.parts)
-            ):
-                fsync_path(directory)
-            published = publish_dir(partial, final)
+            # The files are durable (the receiver fsynced each); their subdirectories' entries next.
+            subdirs = {(partial / e.path).parent for e in entries} - {partial}
+            deepest_first = sorted(subdirs, key=lambda p: -len(p.parts))
+            published = publish(
+                partial,
+                final,
+                manifest_bytes,
+                leftovers=[partial / PENDING_MANIFEST, *partial.rglob(f"{RECV_PREFIX}*")],
+                make_durable=lambda: [fsync_path(d) for d in deepest_first],
+            )
             self.durability.forget(partial)
             if not published:
                 shutil.rmtree(partial, ignore_errors=True)
@@ -382,12 +381,7 @@ class ReplicaStore:
             if not directory.exists():
                 return False
             self._inside(directory)
-            (directory / MANIFEST_NAME).unlink(missing_ok=True)
-            fsync_path(directory)
-            doomed = directory.with_name(f"{directory.name}.deleting-{secrets.token_hex(4)}")
-            os.rename(directory, doomed)
-            fsync_path(directory.parent)
-            shutil.rmtree(doomed)
+            retire(directory, manifest_first=True)
         log.info("peer replica deleted: %s", directory)
         return True
 

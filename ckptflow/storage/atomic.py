@@ -1,8 +1,8 @@
-"""Durable, atomic file-system primitives: fsync files and directories, publish by rename.
+"""Durable, atomic file-system primitives: fsync files and directories, write a file atomically.
 
 A rename is atomic but not durable until the parent directory is fsynced; a file's bytes are not
-durable until the file is fsynced. Every commit in ckptflow goes through these helpers so the order
-(data, then metadata, then directory entry) is the same everywhere.
+durable until the file is fsynced. The order a commit puts them in (data, then metadata, then
+directory entry) is :mod:`ckptflow.storage.publish`'s, written once there.
 """
 
 from __future__ import annotations
@@ -85,23 +85,3 @@ def write_file_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_path(target.parent)
-
-
-def publish_dir(partial: str | os.PathLike[str], final: str | os.PathLike[str]) -> bool:
-    """Rename a fully written, fsynced directory to its final name and make the rename durable.
-
-    Returns False, leaving ``partial`` in place, if ``final`` already exists: a committed directory
-    is never replaced or written into.
-    """
-    final_path = Path(final)
-    try:
-        # os.rename onto an existing *empty* directory would succeed on Linux; refuse any existing.
-        if final_path.exists():
-            return False
-        os.rename(partial, final_path)
-    except (FileExistsError, OSError) as exc:
-        if final_path.exists():
-            return False
-        raise exc
-    fsync_path(final_path.parent)
-    return True

@@ -140,32 +140,6 @@ def someone_writes(partial_dir: Path) -> bool:
     return False
 
 
-def remove_dir(directory: Path) -> Path:
-    """Remove ``directory`` atomically for readers: renamed aside to ``<name>.deleting-<id>`` first
-    (one rename, made durable), then removed. A crash at any moment leaves the directory whole under
-    its name, or a ``.deleting-`` name that clean-up finishes: never a half-removed ``step-N``.
-    Returns the name it was removed under."""
-    doomed = directory.with_name(f"{directory.name}.deleting-{secrets.token_hex(4)}")
-    os.rename(directory, doomed)
-    fsync_path(directory.parent)
-    shutil.rmtree(doomed)
-    return doomed
-
-
-def make_room(final_dir: Path) -> bool:
-    """Before publishing ``final_dir``: a directory there without a manifest is not a checkpoint
-    (what a killed delete left, or an undecided part of an earlier attempt), so it is removed
-    (:func:`remove_dir`) instead of making the publish give up. A directory with a manifest is
-    never touched. True if something was moved out of the way."""
-    if not final_dir.is_dir() or (final_dir / MANIFEST_NAME).is_file():
-        return False
-    try:
-        remove_dir(final_dir)
-    except FileNotFoundError:  # gone already (someone else made room): nothing to do
-        return False
-    return True
-
-
 def remove_stale_partials(
     root: str | os.PathLike[str], min_age_s: float = 30.0, now: float | None = None
 ) -> list[Path]:

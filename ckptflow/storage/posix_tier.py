@@ -28,7 +28,7 @@ from ckptflow.storage.manifest import (
     safe_relative_path,
 )
 from ckptflow.storage.present import split_by_presence
-from ckptflow.storage.publishing import committed_same, seal_and_publish, source_manifest
+from ckptflow.storage.publish import committed_same, publish, retire, source_manifest
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.tier import Progress, TierError, TierVerifyReport, TransferResult
 from ckptflow.storage.verify import FileProblem, check_file, verify_files
@@ -195,8 +195,8 @@ class PosixTier:
                 # A step-N without a manifest (a delete killed midway) is no checkpoint: out of the
                 # way. One with a manifest is left alone: _committed_same said it is not ours.
                 unpublished = (layout.LOCK_PREFIX, INCOMING_TMP)
-                published = seal_and_publish(
-                    incoming, final, manifest_bytes, unpublished=unpublished, make_room=True
+                published = publish(
+                    incoming, final, manifest_bytes, unpublished=unpublished, replace_manifestless=True
                 )
                 if not published:
                     raise TierError(
@@ -249,7 +249,7 @@ class PosixTier:
         try:
             with layout.writer_lock(partial, 0):  # start-up cleanup must not take a live fetch
                 copied, _ = self._copy_entries(source, partial, list(manifest.files), progress)
-                if not seal_and_publish(partial, dest, manifest_bytes):
+                if not publish(partial, dest, manifest_bytes):
                     raise TierError(f"{self.name}: {dest} appeared while fetching; not overwritten")
         except ChecksumMismatch as exc:
             shutil.rmtree(partial, ignore_errors=True)
@@ -321,7 +321,7 @@ class PosixTier:
         directory = self.path(run, step)
         if not directory.exists():
             return
-        layout.remove_dir(self._inside_root(directory, "delete"))
+        retire(self._inside_root(directory, "delete"))
 
     # --- retention: soft delete (recoverable), purge, restore ---
 

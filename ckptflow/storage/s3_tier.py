@@ -36,7 +36,7 @@ from ckptflow.storage.manifest import (
     safe_relative_path,
 )
 from ckptflow.storage.posix_tier import TRASH_MARK, trash_stamp
-from ckptflow.storage.publishing import committed_same, seal_and_publish, source_manifest
+from ckptflow.storage.publish import committed_same, publish, source_manifest
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.s3_client import S3Bucket, S3Credentials, stored_problem
 from ckptflow.storage.s3_transfer import (
@@ -327,7 +327,7 @@ class S3Tier:
                 # Manifest last, as on every tier; the lock file must not be published (removing it
                 # touches the directory, so the clean-up's minimum age still covers the moment until
                 # the rename); downloads are written without their own fsync: fsync every file.
-                if not seal_and_publish(partial, dest, manifest_bytes, fsync_files=True):
+                if not publish(partial, dest, manifest_bytes, fsync_files=True):
                     raise TierError(f"{self.name}: {dest} appeared while fetching; not overwritten")
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)

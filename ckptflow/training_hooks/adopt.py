@@ -46,7 +46,7 @@ from ckptflow.storage.manifest import (
     NodePart,
     safe_relative_path,
 )
-from ckptflow.storage.publishing import seal_and_publish
+from ckptflow.storage.publish import publish
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.training_hooks.commit.record import committed_record
 from ckptflow.training_hooks.save.writer import UnsafeCheckpointError, load_metadata_safely
@@ -296,7 +296,7 @@ def adopt_dcp_checkpoint(
                 alternates=tuple(alternates),
             )
             manifest_json = manifest.to_json()
-            if not seal_and_publish(partial, final, manifest_json, make_room=True):
+            if not publish(partial, final, manifest_json, replace_manifestless=True):
                 raise ImportRefused(f"{final} appeared while importing; pass another step (--step N)")
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)

@@ -13,6 +13,7 @@ import torch
 
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
+from ckptflow.storage.publish import make_room
 from ckptflow.storage.verify import verify_checkpoint
 from ckptflow.training_hooks import Checkpointer, ModelState
 
@@ -66,11 +67,11 @@ def test_make_room_never_touches_a_checkpoint(tmp_path: Path) -> None:
         assert ckpt.save(3, _state(0))
     committed = root / "step-3"
     before = sorted(p.name for p in committed.iterdir())
-    assert layout.make_room(committed) is False
+    assert make_room(committed) is False
     assert sorted(p.name for p in committed.iterdir()) == before and verify_checkpoint(committed).ok
-    assert layout.make_room(root / "step-4") is False  # nothing there
+    assert make_room(root / "step-4") is False  # nothing there
     (committed / MANIFEST_NAME).unlink()
-    assert layout.make_room(committed) is True and not committed.exists()
+    assert make_room(committed) is True and not committed.exists()
     assert not [p for p in root.iterdir() if ".deleting-" in p.name]
 
 

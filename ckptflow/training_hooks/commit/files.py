@@ -1,7 +1,7 @@
 """What a commit writes: rank reports, DCP's ``.metadata``, the global manifest, the node's part.
 
-Pure construction and file publishing; who waits for whom is in :mod:`.protocol`, the order
-of a save in :mod:`..save.job`.
+Pure construction, and the files published through :mod:`ckptflow.storage.publish`; who waits
+for whom is in :mod:`.protocol`, the order of a save in :mod:`..save.job`.
 
 - A :class:`RankReport` is what a rank wrote: its files (size, CRC, one CRC per DCP item) and DCP's
   write results. Reports travel through the coordination store as JSON.
@@ -17,9 +17,7 @@ of a save in :mod:`..save.job`.
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -32,10 +30,10 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.storage import WriteResult
 
-from ckptflow.storage import checksums, layout
-from ckptflow.storage.atomic import fsync_path, publish_dir, write_file_atomic
+from ckptflow.storage import checksums
 from ckptflow.storage.layout import METADATA_NAME, PART_NAME
-from ckptflow.storage.manifest import MANIFEST_NAME, Alternate, FileEntry, Manifest, NodePart
+from ckptflow.storage.manifest import Alternate, FileEntry, Manifest, NodePart
+from ckptflow.storage.publish import publish, retire, seal
 from ckptflow.training_hooks.cluster.nodes import Topology
 from ckptflow.training_hooks.save.writer import WrittenFile
 
@@ -161,17 +159,6 @@ def build_manifest(
     )
 
 
-def _drop_leftovers(partial_dir: Path) -> None:
-    for lock in partial_dir.glob(f"{layout.LOCK_PREFIX}*"):
-        lock.unlink(missing_ok=True)
-
-
-def _make_room(final_dir: Path) -> None:
-    """A ``step-N/`` without a manifest (an undecided part of an earlier attempt, or what a killed
-    delete left) is not a checkpoint: move it aside so this attempt can be published."""
-    layout.make_room(final_dir)
-
-
 def commit(
     partial_dir: Path,
     final_dir: Path,
@@ -179,18 +166,20 @@ def commit(
     manifest: Manifest,
     on_phase: Callable[[str], None] = lambda _phase: None,
 ) -> bool:
-    """Single node: ``.metadata`` and the manifest (last), fsync, publish by rename. False if
-    ``final_dir`` already holds a committed checkpoint."""
+    """Single node: ``.metadata`` and the manifest (last) published with the data
+    (:func:`ckptflow.storage.publish.publish`). False if ``final_dir`` already holds a committed
+    checkpoint: someone committed this step first, ours is redundant and removed (never written
+    into theirs)."""
     on_phase("manifest")
-    _drop_leftovers(partial_dir)
-    write_file_atomic(partial_dir / METADATA_NAME, metadata)
-    write_file_atomic(partial_dir / MANIFEST_NAME, manifest.to_json())
-    fsync_path(partial_dir)
-    on_phase("rename")
-    _make_room(final_dir)
-    published = publish_dir(partial_dir, final_dir)
+    published = publish(
+        partial_dir,
+        final_dir,
+        manifest.to_json(),
+        beside=[(METADATA_NAME, metadata)],
+        replace_manifestless=True,
+        on_sealed=lambda: on_phase("rename"),
+    )
     if not published:
-        # Someone committed this step first; ours is redundant. Never write into theirs.
         shutil.rmtree(partial_dir, ignore_errors=True)
     return published
 
@@ -217,13 +206,10 @@ def part_record(
 
 
 def commit_part(partial_dir: Path, final_dir: Path, record: dict[str, Any]) -> bool:
-    """Multi-node, first level: publish this node's part (``PART.json`` in it) as ``step-N/``.
-    False if this node already holds a committed checkpoint of the step."""
-    _drop_leftovers(partial_dir)
-    write_file_atomic(partial_dir / PART_NAME, json.dumps(record).encode())
-    fsync_path(partial_dir)
-    _make_room(final_dir)
-    return publish_dir(partial_dir, final_dir)
+    """Multi-node, first level: publish this node's part (``PART.json`` in it, no manifest yet) as
+    ``step-N/``. False if this node already holds a committed checkpoint of the step."""
+    part = [(PART_NAME, json.dumps(record).encode())]
+    return publish(partial_dir, final_dir, None, beside=part, replace_manifestless=True)
 
 
 def read_part(directory: Path) -> dict[str, Any] | None:
@@ -235,18 +221,13 @@ def read_part(directory: Path) -> dict[str, Any] | None:
 
 def write_decision(directory: Path, metadata: bytes, manifest_json: bytes) -> None:
     """Multi-node, second level: the decision made durable in a node's committed part
-    (``.metadata``, then the manifest last)."""
-    write_file_atomic(directory / METADATA_NAME, metadata)
-    write_file_atomic(directory / MANIFEST_NAME, manifest_json)
-    fsync_path(directory)
+    (``.metadata``, then the manifest last: :func:`ckptflow.storage.publish.seal`)."""
+    seal(directory, manifest_json, beside=[(METADATA_NAME, metadata)])
 
 
 def discard(directory: Path) -> None:
-    """Remove an abandoned attempt's directory: renamed aside first, so an interrupted removal
-    leaves a ``.deleting-`` name that restore clean-up finishes, never a half-deleted ``step-N``."""
-    if not directory.exists():
-        return
-    doomed = directory.with_name(f"{directory.name}.deleting-{secrets.token_hex(4)}")
-    os.rename(directory, doomed)
-    fsync_path(directory.parent)
-    shutil.rmtree(doomed, ignore_errors=True)
+    """Remove an abandoned attempt's directory (:func:`ckptflow.storage.publish.retire`): renamed
+    aside first, so an interrupted removal leaves a ``.deleting-`` name that restore clean-up
+    finishes, never a half-deleted ``step-N``."""
+    if directory.exists():
+        retire(directory, strict=False)

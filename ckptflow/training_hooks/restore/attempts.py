@@ -41,7 +41,6 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Tenso
 from torch.distributed.tensor import DTensor
 
 from ckptflow.storage import checksums, layout
-from ckptflow.storage.atomic import write_file_atomic
 from ckptflow.storage.layout import METADATA_NAME
 from ckptflow.storage.manifest import (
     MANIFEST_NAME,
@@ -50,6 +49,7 @@ from ckptflow.storage.manifest import (
     UnsupportedManifestError,
     parse_manifest,
 )
+from ckptflow.storage.publish import seal
 from ckptflow.storage.tier import Tier, TierError
 from ckptflow.training_hooks.cluster import ranks
 from ckptflow.training_hooks.cluster.coord_store import CoordinationStore
@@ -543,10 +543,10 @@ def _plan_reads(
 
 def _write_back_decision(directory: Path, manifest_bytes: bytes, metadata_bytes: bytes) -> None:
     """A node that lacks the decision files of the step it restores gets them (manifest last)."""
-    if not (directory / METADATA_NAME).is_file():
-        write_file_atomic(directory / METADATA_NAME, metadata_bytes)
-    if not (directory / MANIFEST_NAME).is_file():
-        write_file_atomic(directory / MANIFEST_NAME, manifest_bytes)
+    beside = [] if (directory / METADATA_NAME).is_file() else [(METADATA_NAME, metadata_bytes)]
+    manifest = None if (directory / MANIFEST_NAME).is_file() else manifest_bytes
+    if beside or manifest is not None:
+        seal(directory, manifest, beside)
 
 
 # --- loading -----------------------------------------------------------------------------------
