@@ -38,10 +38,26 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from ckptflow.policy.checkpoint_options import (
+    CheckpointOptions,
+    option_default,
+    option_rule_broken,
+    option_types,
+)
 from ckptflow.policy.replication import ReplicationConfig
 from ckptflow.policy.secret_file import SecretFileError, read_secret_file
 from ckptflow.policy.yaml_source import load_yaml, validate
@@ -81,6 +97,25 @@ class S3TierConfig(_Strict):
 
 TierConfig = Annotated[PosixTierConfig | S3TierConfig, Field(discriminator="kind")]
 
+# The CheckpointOptions that ckptflow.yaml holds outside its checkpoint: section, and where.
+OPTIONS_OUTSIDE_THE_SECTION = {"event_timeout_s": "prefect.emit_timeout_s"}
+
+
+def _option_in_yaml(name: str) -> Any:
+    """``CheckpointOptions.<name>`` as a YAML field's type: pydantic checks the option's type strictly
+    (an int is a valid float), then the option's own rule, reported in the dataclass's words."""
+
+    def obey(value: Any) -> Any:
+        broken = option_rule_broken(name, value)
+        if broken is not None:
+            raise PydanticCustomError("checkpoint_option", "{rule}", {"rule": broken})
+        return value
+
+    return Annotated[option_types()[name], AfterValidator(obey)]
+
+
+_EmitTimeoutS = _option_in_yaml("event_timeout_s")
+
 
 class PrefectConfig(_Strict):
     """The ``prefect:`` section.
@@ -100,7 +135,7 @@ class PrefectConfig(_Strict):
 
     api_url: str | None = None
     auth_string_file: str | None = Field(default=None, min_length=1)
-    emit_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    emit_timeout_s: _EmitTimeoutS = option_default("event_timeout_s")  # CheckpointOptions.event_timeout_s
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = Field(default=None, min_length=1)
     work_pool: str = "ckptflow"
@@ -141,35 +176,21 @@ class PromoteConfig(_Strict):
     catch_up_after_s: float = Field(default=60.0, ge=0)
 
 
-class CheckpointConfig(_Strict):
-    """The ``checkpoint:`` section: the training side's settings, mapped one to one onto
-    ``ckptflow.training_hooks.CheckpointOptions`` (same names, same meaning; see its docstring).
-    The one option not here is ``event_timeout_s``: it bounds the post to the Prefect API, so it
-    lives beside that API, as ``prefect.emit_timeout_s``."""
-
-    on_busy: Literal["skip", "wait"] = "skip"
-    deadline_s: float = Field(default=600.0, gt=0)
-    decision_grace_s: float = Field(default=30.0, ge=0)
-    store: Literal["auto", "env", "rank0"] = "auto"
-    store_host: str | None = Field(default=None, min_length=1)
-    store_timeout_s: float = Field(default=300.0, gt=0)
-    fetch_timeout_s: float = Field(default=6 * 3600.0, gt=0)
-    stale_partial_age_s: float = Field(default=60.0, ge=0)
-    verify_workers: int | None = Field(default=None, ge=1, le=256)
-    reserve_staging: bool = True
-
-    @field_validator(
-        "deadline_s",
-        "decision_grace_s",
-        "store_timeout_s",
-        "fetch_timeout_s",
-        "stale_partial_age_s",
-        mode="before",
-    )
-    @classmethod
-    def _seconds_may_be_integers(cls, value: object) -> object:
-        # Strict mode refuses an int for a float field; "deadline_s: 300" is what people write.
-        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+CheckpointConfig = create_model(
+    "CheckpointConfig",
+    __base__=_Strict,
+    __module__=__name__,
+    __doc__="""The ``checkpoint:`` section: the training side's settings, generated from
+    :class:`ckptflow.policy.checkpoint_options.CheckpointOptions` (same names, types, defaults and
+    rules; see its docstring), so the two cannot differ. The one option not here is
+    ``event_timeout_s``: it bounds the post to the Prefect API, so it lives beside that API, as
+    ``prefect.emit_timeout_s``.""",
+    **{
+        name: (_option_in_yaml(name), option_default(name))
+        for name in CheckpointOptions.field_names()
+        if name not in OPTIONS_OUTSIDE_THE_SECTION
+    },
+)
 
 
 class CkptflowConfig(_Strict):
@@ -187,6 +208,10 @@ class CkptflowConfig(_Strict):
         if self.tiers["hot"].kind != "posix":
             raise ValueError("tiers.hot must be kind: posix (the training side writes to a filesystem)")
         return self
+
+    def checkpoint_options(self) -> CheckpointOptions:
+        """The ``checkpoint:`` section with ``prefect.emit_timeout_s``: the Checkpointer's options."""
+        return CheckpointOptions(**self.checkpoint.model_dump(), event_timeout_s=self.prefect.emit_timeout_s)
 
     def tier_names(self) -> list[str]:
         return [name for name in TIER_ORDER if name in self.tiers]

@@ -209,9 +209,7 @@ class Checkpointer:
         hot = tiers["hot"]
         option_names = set(CheckpointOptions.field_names())
         overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in option_names}
-        options = kwargs.pop("options", None) or CheckpointOptions(
-            **config.checkpoint.model_dump(), event_timeout_s=config.prefect.emit_timeout_s
-        )
+        options = kwargs.pop("options", None) or config.checkpoint_options()
         defaults: dict[str, Any] = {
             "root": Path(hot.root) / run,  # type: ignore[attr-defined]
             "catalog": config.catalog,
