@@ -9,7 +9,6 @@ brings only the rest.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from ckptflow.peer import PartId
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import FileEntry, Manifest
 from ckptflow.storage.tier import Tier, TierError
+from ckptflow.training_hooks.cluster.rounds import StoreRound, exchange
 from ckptflow.training_hooks.restore.inventory import NodeInventory, StepHolding
 from ckptflow.training_hooks.restore.sources import PeerPartSource
 
@@ -64,7 +64,8 @@ def fetch_all(
             if not result["ok"]:
                 break
     report.fetch_s += time.perf_counter() - t0
-    results = _store_barrier(ctx, f"restore-{ctx.attempt_id}-{step}-{attempt}", result)
+    round_ = StoreRound(ctx.store, f"ckptflow/{ctx.run}/restore-{ctx.attempt_id}-{step}-{attempt}/")
+    results = exchange(round_, topo.rank, topo.world_size, result, ctx.fetch_timeout_s, "fetching")
     bad = [(r, res) for r, res in enumerate(results) if not res.get("ok")]
     if bad:
         rank, res = bad[0]
@@ -115,38 +116,6 @@ def _whole(path: Path, size: int) -> bool:
         return path.stat().st_size == size
     except FileNotFoundError:
         return False
-
-
-def _store_barrier(ctx: RestoreContext, name: str, mine: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every rank's ``mine``, exchanged through the coordination store: the wait (a long fetch on
-    another node) is bounded by ``fetch_timeout_s``, not by the process group's timeout."""
-    topo = ctx.topology
-    if topo.world_size == 1:
-        return [mine]
-    prefix = f"ckptflow/{ctx.run}/{name}/"
-    store = ctx.store
-    store.set(f"{prefix}rank/{topo.rank}", json.dumps(mine).encode())
-    keys = [f"{prefix}rank/{r}" for r in range(topo.world_size)]
-    if topo.is_coordinator:
-        if not store.wait(keys, ctx.fetch_timeout_s):
-            late = [k.rsplit("/", 1)[1] for k in store.missing(keys)]
-            summary = json.dumps({"late": late}).encode()
-        else:
-            summary = json.dumps({"results": [json.loads(v) for v in store.multi_get(keys)]}).encode()
-        store.set(f"{prefix}summary", summary)
-    if not store.wait([f"{prefix}summary"], ctx.fetch_timeout_s + 60.0):
-        raise TimeoutError(f"restore: no fetch summary from rank 0 within {ctx.fetch_timeout_s:g} s")
-    body = json.loads(store.get(f"{prefix}summary"))
-    if store.add(f"{prefix}read", 1) == topo.world_size:  # the last reader deletes the round
-        store.delete([*keys, f"{prefix}summary", f"{prefix}read"])
-    if "late" in body:
-        return [
-            {"ok": False, "error": f"did not finish fetching within {ctx.fetch_timeout_s:g} s"}
-            if str(r) in body["late"]
-            else {"ok": True}
-            for r in range(topo.world_size)
-        ]
-    return body["results"]
 
 
 def note_fetched(

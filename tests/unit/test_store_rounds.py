@@ -1,0 +1,79 @@
+"""cluster.rounds: the one store-round mechanism (posts, bounded gathers, last-to-leave deletes) and
+the exchange restore uses to wait for every node's fetch, over a real TCPStore (threads as ranks)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from ckptflow.training_hooks.cluster.coord_store import CoordinationStore
+from ckptflow.training_hooks.cluster.rounds import StoreRound, exchange
+
+PREFIX = "ckptflow/run/restore-abc-3-1/"
+
+
+@pytest.fixture
+def port() -> Iterator[int]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        chosen = probe.getsockname()[1]
+    server = dist.TCPStore(
+        "127.0.0.1", chosen, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=20)
+    )
+    yield chosen
+    del server
+
+
+def client(port: int) -> CoordinationStore:
+    return CoordinationStore(dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=20)))
+
+
+def test_gather_names_what_did_not_arrive_within_its_bound(port: int) -> None:
+    round_ = StoreRound(client(port), PREFIX)
+    round_.post("rank/0", {"ok": True})
+    bodies, missing = round_.gather(["rank/0", "rank/1"], 0.2)
+    assert bodies == {"rank/0": {"ok": True}} and missing == ["rank/1"]
+    assert round_.await_one("rank/1", 0.1) is None and round_.read_if_present("rank/1") is None
+
+
+def test_the_last_participant_to_leave_deletes_every_key(port: int) -> None:
+    a, b = StoreRound(client(port), PREFIX), StoreRound(client(port), PREFIX)
+    a.post("x", 1)
+    assert a.leave(2, ["x"]) is False and b.read_if_present("x") == 1
+    assert b.leave(2, ["x"]) is True
+    assert a.store.missing([a.key("x"), a.key("read")]) == [a.key("x"), a.key("read")]
+
+
+def test_exchange_gives_every_rank_every_result_and_leaves_nothing_behind(port: int) -> None:
+    results: dict[int, list[dict]] = {}
+
+    def rank(r: int) -> None:
+        results[r] = exchange(StoreRound(client(port), PREFIX), r, 3, {"ok": True, "r": r}, 10.0, "fetching")
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    expected = [{"ok": True, "r": r} for r in range(3)]
+    assert results == {0: expected, 1: expected, 2: expected}
+    store = client(port)
+    keys = [PREFIX + n for n in ("rank/0", "rank/1", "rank/2", "summary", "read")]
+    assert store.missing(keys) == keys
+
+
+def test_a_rank_that_does_not_post_in_time_is_named_not_waited_for(port: int) -> None:
+    results: dict[int, list[dict]] = {}
+
+    def rank(r: int) -> None:
+        results[r] = exchange(StoreRound(client(port), PREFIX), r, 2, {"ok": True}, 0.3, "fetching")
+
+    rank(0)  # rank 1 never posts
+    assert results[0] == [{"ok": True}, {"ok": False, "error": "did not finish fetching within 0.3 s"}]
+
+
+def test_a_single_rank_exchanges_with_nobody() -> None:
+    assert exchange(StoreRound(None, PREFIX), 0, 1, {"ok": True}, 1.0, "fetching") == [{"ok": True}]  # type: ignore[arg-type]
