@@ -11,8 +11,8 @@ A concept is found by what writes it, not by its name, so a copy under another n
 - publish: functions that rename a directory into place (``os.rename``/``os.replace`` of a
   directory whose target is a committed step or replica), i.e. callers of the one publish sequence's
   primitive outside ``storage/publish.py`` count as places of their own;
-- store rounds: modules that wait on the coordination store (``.wait(`` on a store with keys) or
-  count acknowledgements (``.add(``), outside ``training_hooks/cluster/``;
+- store rounds: modules that wait on the coordination store's keys (``.wait(``), read them in
+  bulk (``.multi_get(``) or count participants (``.add(``): the store client itself aside;
 - settings: classes that declare a default for ``deadline_s`` (a CheckpointOptions field);
 - replica rules: modules that decide whether a replica may move to a state (compare a replica's
   current state with ``ReplicaState`` members before moving it), outside ``catalog/transitions.py``;
@@ -161,7 +161,7 @@ def concept_places() -> dict[str, list[str]]:
             and c.func.attr in ("wait", "add", "multi_get")
             and "store" in ast.unparse(c.func.value)
         ]
-        if store_calls and "training_hooks/cluster/" not in rel:
+        if store_calls and not rel.endswith("cluster/coord_store.py"):
             places["store_rounds"].append(rel)
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
