@@ -28,7 +28,6 @@ from ckptflow.catalog.rows import (
     commit_checkpoint,
     get_or_create_checkpoint,
     insert_ignore,
-    is_legal,
     lock_replica,
     lock_step,
     locked,
@@ -37,7 +36,7 @@ from ckptflow.catalog.rows import (
     set_replica,
 )
 from ckptflow.catalog.sessions import Sessions
-from ckptflow.catalog.transitions import transition_checkpoint
+from ckptflow.catalog.transitions import may_move, transition_checkpoint
 from ckptflow.storage.events import STAGED_EVENT
 from ckptflow.storage.manifest import finite_metrics
 
@@ -184,7 +183,7 @@ def record_verified(catalog: Sessions, run: str, step: int, hot_uri: str | None 
         if hot_uri is None:
             return
         hot = lock_replica(session, cp.id, "hot")  # type: ignore[arg-type]
-        if hot is None or (hot.state != ReplicaState.READY and is_legal(hot, ReplicaState.READY)):
+        if hot is None or may_move(hot, ReplicaState.READY):
             set_replica(session, cp, "hot", ReplicaState.READY, now=now, uri=hot_uri, bytes=cp.bytes)
         elif hot.state == ReplicaState.READY and hot.uri != hot_uri:
             hot.uri, hot.updated_at = hot_uri, now
@@ -199,7 +198,7 @@ def record_corrupt(catalog: Sessions, run: str, step: int, reason: str, quaranti
         hot = lock_replica(session, cp.id, "hot")  # type: ignore[arg-type]
         # A hot copy already deleted by retention stays deleted; there is nothing there to mark.
         if (hot is None and quarantine_uri is not None) or (
-            hot is not None and hot.state != ReplicaState.CORRUPT and is_legal(hot, ReplicaState.CORRUPT)
+            hot is not None and may_move(hot, ReplicaState.CORRUPT)
         ):
             set_replica(session, cp, "hot", ReplicaState.CORRUPT, now=now, uri=quarantine_uri, reason=reason)
         intact = [
