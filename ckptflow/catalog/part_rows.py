@@ -7,8 +7,9 @@ from datetime import datetime
 
 from sqlmodel import Session, select
 
-from ckptflow.catalog.models import Checkpoint, PartReplica, ReplicaState
-from ckptflow.catalog.rows import locked, log_event
+from ckptflow.catalog.models import Checkpoint, PartReplica, ReplicaState, utcnow
+from ckptflow.catalog.rows import lock_step, locked, log_event
+from ckptflow.catalog.sessions import Sessions
 from ckptflow.catalog.transitions import PART_TRANSITIONS, IllegalTransition
 
 
@@ -78,3 +79,37 @@ def set_part(
             **{"from": from_state, "to": state.value},
         )
     return row
+
+
+def record_parts(
+    catalog: Sessions,
+    run: str,
+    step: int,
+    holdings: list[tuple[int, str, str, int]],
+    state: ReplicaState | str = ReplicaState.READY,
+    reason: str | None = None,
+) -> None:
+    """Record, in one transaction, that each ``(part, holder host, uri, bytes)`` of ``holdings``
+    is held in ``state``."""
+    now = utcnow()
+    with catalog.write_session() as session:
+        cp = lock_step(session, run, step)
+        for part, holder, uri, nbytes in holdings:
+            set_part(
+                session,
+                cp,
+                part,
+                holder,
+                ReplicaState(state),
+                now=now,
+                uri=uri,
+                bytes=nbytes,
+                reason=reason,
+            )
+
+
+def parts(catalog: Sessions, checkpoint_id: int) -> list[PartReplica]:
+    """Every node's copy of every part of a checkpoint, by part then holder."""
+    with catalog.read_session() as session:
+        stmt = select(PartReplica).where(PartReplica.checkpoint_id == checkpoint_id)
+        return sorted(session.exec(stmt), key=lambda r: (r.part, r.holder))

@@ -26,12 +26,10 @@ from ckptflow.catalog.models import (
 )
 from ckptflow.catalog.rows import NotFound, locked, log_event, set_replica
 from ckptflow.catalog.sessions import Sessions
+from ckptflow.catalog.transitions import IN_FLIGHT
 
 if TYPE_CHECKING:
     import pandas as pd
-
-# A replica being copied is an in-flight promotion: retention must not pull it (or its source) away.
-PINNED_REPLICA_STATES = (ReplicaState.PENDING, ReplicaState.COPYING)
 
 
 @dataclass(frozen=True)
@@ -135,7 +133,7 @@ def retention_snapshot(catalog: Sessions, now: datetime | None = None) -> pd.Dat
             p.checkpoint_id for p in session.exec(select(CheckpointPin).where(CheckpointPin.expires_at > at))
         }
     by_id = {cp.id: cp for cp in checkpoints}
-    in_flight = {r.checkpoint_id for r in replicas if r.state in PINNED_REPLICA_STATES}
+    in_flight = {r.checkpoint_id for r in replicas if r.state in IN_FLIGHT}
     metric_names = sorted({name for cp in checkpoints for name in (cp.metrics or {})})
     rows: list[dict[str, Any]] = []
     for r in replicas:
@@ -188,9 +186,7 @@ def _held_by(session: Any, checkpoint_id: int, at: datetime) -> str | None:
     ).all()
     if pins:
         return "pinned by " + ", ".join(sorted(p.holder for p in pins))
-    stmt = select(Replica).where(
-        Replica.checkpoint_id == checkpoint_id, col(Replica.state).in_(PINNED_REPLICA_STATES)
-    )
+    stmt = select(Replica).where(Replica.checkpoint_id == checkpoint_id, col(Replica.state).in_(IN_FLIGHT))
     copying = session.exec(stmt).all()
     if copying:
         return "being promoted to " + ", ".join(sorted(r.tier for r in copying))

@@ -30,7 +30,7 @@ from ckptflow.catalog.models import (
 )
 from ckptflow.catalog.transitions import (
     check_checkpoint,
-    check_replica,
+    may_move,
     transition_checkpoint,
     transition_replica,
 )
@@ -210,21 +210,12 @@ def supersede_live(session: Session, cp: Checkpoint, now: datetime) -> int:
             **{"from": from_state, "to": old.state},
         )
         hot = lock_replica(session, old.id, "hot")  # type: ignore[arg-type]
-        if hot is not None and hot.state != ReplicaState.LOST and is_legal(hot, ReplicaState.LOST):
+        if hot is not None and may_move(hot, ReplicaState.LOST):
             set_replica(session, old, "hot", ReplicaState.LOST, now=now, reason=reason)
         retired += 1
     # Flush now: the unique index on live (run, step) must see the old row leave before cp arrives.
     session.flush()
     return retired
-
-
-def is_legal(replica: Replica, to: ReplicaState) -> bool:
-    """True if ``replica`` may be reported in state ``to`` (its current state included)."""
-    try:
-        check_replica(replica, to)
-    except ValueError:
-        return False
-    return True
 
 
 def commit_checkpoint(session: Session, cp: Checkpoint, created: bool, now: datetime, **fields: Any) -> int:

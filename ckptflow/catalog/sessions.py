@@ -1,8 +1,9 @@
 """What the catalog's SQL modules need from a catalog: its write and read sessions.
 
-:class:`~ckptflow.catalog.catalog.Catalog` is the facade over those modules (``retention_rows``,
-``leases``, ``replica_notes``) and imports them; they take anything with these two methods, so none of
-them imports the facade back (no import circle, not even one for type checking).
+:class:`~ckptflow.catalog.catalog.Catalog` is the facade over those modules (``checkpoint_rows``,
+``replica_rows``, ``part_rows``, ``replica_notes``, ``leases``, ``retention_rows``, ``outbox``,
+``event_log``, ``peer_rows``, ``drill_rows``) and imports them; they take anything with these two
+methods, so none of them imports the facade back (no import circle, not even one for type checking).
 """
 
 from __future__ import annotations

@@ -31,13 +31,12 @@ from ckptflow.catalog.rows import (
     commit_checkpoint,
     file_rows_differ,
     get_or_create_checkpoint,
-    is_legal,
     lock_replica,
     log_event,
     replace_files,
     set_replica,
 )
-from ckptflow.catalog.transitions import transition_checkpoint
+from ckptflow.catalog.transitions import IN_FLIGHT, READY_ON_SIGHT, may_move, transition_checkpoint
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import (
     MANIFEST_NAME,
@@ -48,7 +47,6 @@ from ckptflow.storage.manifest import (
     read_manifest,
 )
 
-_FRESH = (ReplicaState.PENDING, ReplicaState.COPYING, ReplicaState.LOST)  # may become ready on sight
 QUARANTINE_REASON_FILE = "QUARANTINE_REASON.txt"
 
 
@@ -189,7 +187,7 @@ def _sync_committed(
 def _hot_ready(session: Session, cp: Checkpoint, uri: str, size: int, now: datetime) -> bool:
     """Make the hot replica ready at ``uri`` if sync may; True if anything changed."""
     hot = lock_replica(session, cp.id, "hot")  # type: ignore[arg-type]
-    if hot is None or hot.state in _FRESH:
+    if hot is None or hot.state in READY_ON_SIGHT:
         set_replica(session, cp, "hot", ReplicaState.READY, now=now, uri=uri, bytes=size)
         return True
     if hot.state == ReplicaState.READY and (hot.uri, hot.bytes) != (uri, size):
@@ -261,7 +259,7 @@ def _sync_quarantined(
     uri = str(path)
     hot_changed = False
     hot = lock_replica(session, cp.id, "hot")  # type: ignore[arg-type]
-    if hot is None or (hot.state != ReplicaState.CORRUPT and is_legal(hot, ReplicaState.CORRUPT)):
+    if hot is None or may_move(hot, ReplicaState.CORRUPT):
         reason = cp.reason or _quarantine_reason(path)
         set_replica(session, cp, "hot", ReplicaState.CORRUPT, now=now, uri=uri, reason=reason)
         hot_changed = True
@@ -299,7 +297,7 @@ def _mark_lost(catalog: Catalog, base: Path, run: str | None, report: SyncReport
             .where(
                 col(Checkpoint.state).in_(LIVE_STATES),
                 Replica.tier == "hot",
-                col(Replica.state).in_([ReplicaState.READY, ReplicaState.PENDING, ReplicaState.COPYING]),
+                col(Replica.state).in_([ReplicaState.READY, *IN_FLIGHT]),
             )
             .with_for_update()
         )

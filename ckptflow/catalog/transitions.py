@@ -1,8 +1,20 @@
-"""The legal state transitions of checkpoints and replicas, and the only code that changes a state.
+"""The legal state transitions of checkpoints and replicas, the rules for when a replica changes
+state, and the only code that changes a state.
 
 A transition to the state a row already has is a no-op, not an error: saves, verifications and
 quarantines are retried (a lost reply, a restarted rank), and a retry must not fail. Everything not
 listed below raises :class:`IllegalTransition`.
+
+Beyond legality, the writers of replicas apply a few rules, all written here:
+
+* :data:`IN_FLIGHT`: a replica being copied (retention keeps it, a clean-up that can take its lease
+  treats it as interrupted);
+* :data:`FINAL`: a replica never copied again (retention deleted it);
+* :data:`READY_ON_SIGHT`: what a replica found intact on disk becomes READY from;
+* :func:`state_to_record` with :data:`IGNORED_REPORTS`: what a promotion's report of its progress
+  (pending, copying, ready...) changes, if anything;
+* :func:`may_move`: a finding (a verification, a quarantine, a re-commit) applied only where the
+  state machine allows it, never raising.
 """
 
 from __future__ import annotations
@@ -43,6 +55,31 @@ REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
 PART_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
     **REPLICA_TRANSITIONS,
     _R.DELETED: frozenset({_R.READY}),
+}
+
+
+# A replica whose copy has started and not finished: a promotion in progress. Retention must not pull
+# it (or its source) away, so its checkpoint counts as pinned; a clean-up that can take the replica's
+# lease (its writer is gone) treats it as interrupted and removes what the copy left.
+IN_FLIGHT: frozenset[ReplicaState] = frozenset({_R.PENDING, _R.COPYING})
+
+# The states a replica never leaves (DELETED: retention removed it on purpose). A tier whose replica
+# is in one is not copied to again: the copy would undo that decision.
+FINAL: frozenset[ReplicaState] = frozenset(s for s, legal in REPLICA_TRANSITIONS.items() if not legal)
+
+# What a replica found intact on disk (sync read its manifest) becomes READY from: a copy not yet
+# recorded as finished, or one recorded lost. CORRUPT (a scrub's finding) and DELETED (retention's
+# decision) are not undone by sight.
+READY_ON_SIGHT: frozenset[ReplicaState] = IN_FLIGHT | {_R.LOST}
+
+# reported state -> the current states in which that report changes nothing (a promotion reports
+# pending, then copying, then ready; a report is news, not a command).
+IGNORED_REPORTS: dict[ReplicaState, frozenset[ReplicaState]] = {
+    # PENDING only announces a new replica: once the replica exists, in any state, it says nothing.
+    _R.PENDING: frozenset(_R),
+    # COPYING follows PENDING (or repeats): a replica in any other state that is copied (READY: a
+    # retried promotion; CORRUPT or LOST: copied again) goes straight to READY when the copy completes.
+    _R.COPYING: frozenset(_R) - IN_FLIGHT,
 }
 
 
@@ -124,3 +161,34 @@ def transition_replica(
     if to == _R.READY:
         replica.verified_at = now
     return True
+
+
+def state_to_record(
+    current: Replica | None, reported: ReplicaState | str, reason: str | None = None
+) -> ReplicaState | None:
+    """The state to set when a writer reports ``reported`` (with ``reason``) for a replica that is
+    ``current`` (None: it has no row yet), or None when the report changes nothing: a repeat of the
+    current state that brings no new reason (a retry), or a report :data:`IGNORED_REPORTS` drops.
+
+    Legality is not decided here: setting the state returned raises :class:`IllegalTransition` when
+    the transition is not allowed (a copy reported ready on a replica retention deleted).
+    """
+    reported = ReplicaState(reported)
+    if current is None:
+        return reported
+    if current.state == reported and (reason is None or reason == current.reason):
+        return None
+    if current.state in IGNORED_REPORTS.get(reported, frozenset()):
+        return None
+    return reported
+
+
+def may_move(replica: Replica, to: ReplicaState) -> bool:
+    """True if ``replica`` is not in ``to`` yet and may move there; never raises.
+
+    For findings applied only where the state machine allows them (the hot copy verified READY or
+    found CORRUPT, the hot copy of a superseded attempt LOST): a replica already there is left as it
+    is, and so is one that may not move (retention DELETED it: there is nothing there to mark).
+    """
+    to = ReplicaState(to)
+    return replica.state != to and to in REPLICA_TRANSITIONS[replica.state]

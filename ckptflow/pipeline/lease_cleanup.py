@@ -27,21 +27,22 @@ from datetime import UTC, datetime
 
 from ckptflow.catalog import ALL_PARTS, Catalog, LeaseGrant, ReplicaState
 from ckptflow.catalog.models import utcnow
+from ckptflow.catalog.transitions import FINAL, IN_FLIGHT
 from ckptflow.pipeline.leases import holder_name
 from ckptflow.storage.s3_tier import IncompleteUpload, S3Tier
 
 log = logging.getLogger("ckptflow.cleanup")
 
 PURPOSE = "reconcile-cleanup"
-INTERRUPTED = (ReplicaState.PENDING, ReplicaState.COPYING)
 
 
 def interrupted_replicas(catalog: Catalog, tier: str) -> list[tuple[int, str, int]]:
-    """(checkpoint id, run, step) of every replica on ``tier`` recorded as being copied."""
+    """(checkpoint id, run, step) of every replica on ``tier`` recorded as being copied
+    (:data:`~ckptflow.catalog.transitions.IN_FLIGHT`): interrupted, once no live lease holds it."""
     found = []
     for cp in catalog.checkpoints():
         for replica in catalog.replicas(cp.id):  # type: ignore[arg-type]
-            if replica.tier == tier and replica.state in INTERRUPTED:
+            if replica.tier == tier and replica.state in IN_FLIGHT:
                 found.append((int(cp.id), cp.run, cp.step))  # type: ignore[arg-type]
     return found
 
@@ -146,10 +147,11 @@ def being_written(catalog: Catalog, run: str, step: int) -> bool:
 
 
 def still_wanted(catalog: Catalog, checkpoint: object, tiers: list[str]) -> list[str]:
-    """``tiers`` minus those whose replica of ``checkpoint`` retention deleted."""
+    """``tiers`` minus those whose replica of ``checkpoint`` retention deleted (in a state it never
+    leaves: :data:`~ckptflow.catalog.transitions.FINAL`)."""
     deleted = {
         r.tier
         for r in catalog.replicas(checkpoint.id)  # type: ignore[attr-defined]
-        if r.state == ReplicaState.DELETED
+        if r.state in FINAL
     }
     return [t for t in tiers if t not in deleted]

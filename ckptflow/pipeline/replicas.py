@@ -16,14 +16,11 @@ from typing import Any
 
 from ckptflow.catalog import Catalog, CheckpointState, ReplicaState
 from ckptflow.catalog.sync import sync_from_root
+from ckptflow.catalog.transitions import state_to_record
 from ckptflow.pipeline.tiers import load
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME
 from ckptflow.storage.tier import TierError
-
-# The states a replica moves to COPYING from; from any other (READY, or CORRUPT/LOST being copied
-# again) it goes straight to READY when the copy completes.
-COPYABLE = (ReplicaState.PENDING, ReplicaState.COPYING)
 
 
 def checkpoint_row(catalog: Catalog, run: str, step: int) -> Any | None:
@@ -59,15 +56,14 @@ def move_replica(
     bytes: int | None = None,
     reason: str | None = None,
 ) -> str:
-    """Move a replica to ``state``; a repeat of its current state is a no-op. Returns the new state."""
-    target = ReplicaState(state)
+    """Move a replica to ``state``, unless the catalog's rules say the report changes nothing (a
+    repeat, a late ``pending``, ``copying`` of a replica not in flight:
+    :func:`ckptflow.catalog.transitions.state_to_record`). Returns the replica's state after."""
     current = {r.tier: r for r in catalog.replicas(checkpoint_id)}.get(tier)
-    if current is not None and current.state == target and (reason is None or reason == current.reason):
-        return target.value  # a repeat (a retry): nothing new to say
-    if target == ReplicaState.PENDING and current is not None:
-        return current.state.value  # pending only announces a new replica
-    if target == ReplicaState.COPYING and current is not None and current.state not in COPYABLE:
-        return current.state.value  # a retry, or re-copying a corrupt/lost replica: straight to READY
+    target = state_to_record(current, state, reason)
+    if target is None:
+        assert current is not None  # None only for a replica that has a row
+        return current.state.value
     catalog.set_replica_state(checkpoint_id, tier, target, uri=uri, bytes=bytes, reason=reason)
     return target.value
 

@@ -218,5 +218,18 @@ def test_no_new_import_circle_and_none_in_the_catalog() -> None:
     # The catalog's SQL modules take catalog.sessions.Sessions, never the Catalog facade that imports them.
     assert not [c for c in circles if any(m.startswith("ckptflow.catalog.") for m in c)]
     graph = _module_graph()
-    for module in ("retention_rows", "leases", "replica_notes"):
+    sql_modules = (
+        "checkpoint_rows",
+        "replica_rows",
+        "part_rows",
+        "replica_notes",
+        "leases",
+        "retention_rows",
+        "outbox",
+        "event_log",
+        "peer_rows",
+        "drill_rows",
+        "schema",
+    )
+    for module in sql_modules:
         assert "ckptflow.catalog.catalog" not in graph[f"ckptflow.catalog.{module}"], module
