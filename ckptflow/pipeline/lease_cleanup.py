@@ -28,7 +28,8 @@ from datetime import UTC, datetime
 from ckptflow.catalog import ALL_PARTS, Catalog, LeaseGrant, ReplicaState
 from ckptflow.catalog.models import utcnow
 from ckptflow.pipeline.leases import holder_name
-from ckptflow.storage.s3_tier import IncompleteUpload, S3Tier
+from ckptflow.storage.s3_inventory import IncompleteUpload
+from ckptflow.storage.s3_tier import S3Tier
 
 log = logging.getLogger("ckptflow.cleanup")
 
