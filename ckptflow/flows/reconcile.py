@@ -21,15 +21,23 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from ckptflow.catalog import LIVE_STATES, Catalog, ReplicaState
+from ckptflow.catalog import Catalog
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.promote import promote
 from ckptflow.pipeline.admission import PolicyWanted, policy_for
-from ckptflow.pipeline.lease_cleanup import being_written, still_wanted
-from ckptflow.pipeline.reconcile import missing_tiers, pending_promotions
+from ckptflow.pipeline.reconcile import (
+    OutboxAction,
+    catch_up_wanted,
+    live_checkpoints,
+    missed_promotions,
+    outbox_action,
+    ready_colder_replicas,
+    retention_repair_rows,
+    row,
+    stale_age_s,
+)
 from ckptflow.pipeline.retention import reconcile_retention
 from ckptflow.pipeline.tiers import load
-from ckptflow.storage.events import STAGED_EVENT
 from ckptflow.tasks.catalog_tasks import record_replica
 from ckptflow.tasks.emit import repost_staged
 from ckptflow.tasks.replica_tasks import cleanup_tier, replica_present
@@ -37,91 +45,47 @@ from ckptflow.tasks.replica_tasks import cleanup_tier, replica_present
 
 @flow(name="reconcile", log_prints=False)
 def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[str, Any]]:
-    """Promote what the event path missed, clean interrupted work, mark vanished replicas LOST."""
+    """Promote what the event path missed, clean interrupted work, mark vanished replicas LOST.
+    The decisions are :mod:`ckptflow.pipeline.reconcile`'s; this arranges the tasks around them."""
     logger = get_run_logger()
     config_path = pinned_path(config_path, "config_path")
     config, tiers = load(config_path)
     colder = [t for t in config.tier_names() if t != "hot"]
-    rows: list[dict[str, Any]] = []
     # A retention apply killed mid-way leaves the catalog and a tier disagreeing: repair that first.
-    for repair in reconcile_retention(config_path):
-        rows.append(
-            {
-                "action": "retention repaired",
-                "run": repair.get("run", ""),
-                "step": repair.get("step"),
-                "detail": str(repair.get("detail", repair)),
-            }
-        )
+    rows = retention_repair_rows(reconcile_retention(config_path))
     catalog = Catalog.open(config.catalog)
     first = config.first_colder_tier()
     try:
         policy_wants = PolicyWanted(catalog, policy_for(config_path)[0])
-        live = [cp for cp in catalog.checkpoints() if cp.state in LIVE_STATES]
-        deleted = {(cp.run, cp.step): set(colder) - set(still_wanted(catalog, cp, colder)) for cp in live}
-
-        def wanted(run: str, step: int, tier: str) -> bool:
-            # The first colder tier always gets every part (the nodes' disks may vanish); colder
-            # tiers only what the retention policy keeps there: a skipped tier is not "missed";
-            # a replica retention deleted is never wanted again.
-            if tier in deleted.get((run, step), ()):
-                return False
-            return tier == first or policy_wants(run, step, tier)
-
-        pending = [
-            cp
-            for cp in pending_promotions(live, tiers, first, colder, wanted)
-            if not being_written(catalog, cp.run, cp.step)  # a promotion in flight: not missed
-        ]
-        for cp in pending[:max_promotions_per_run]:
+        live = live_checkpoints(catalog)
+        wanted = catch_up_wanted(catalog, live, colder, first, policy_wants)
+        for cp in missed_promotions(catalog, live, tiers, first, colder, wanted)[:max_promotions_per_run]:
             try:
                 promote(cp.run, cp.step, config_path)
-                rows.append(
-                    {"action": "promoted", "run": cp.run, "step": cp.step, "detail": "missing replica"}
-                )
+                rows.append(row("promoted", cp.run, cp.step, "missing replica"))
             except Exception as exc:  # noqa: BLE001 - one failure must not stop the others
                 logger.error("promotion of %s step %d failed: %s", cp.run, cp.step, exc)
-                rows.append(
-                    {"action": "promotion failed", "run": cp.run, "step": cp.step, "detail": str(exc)}
-                )
+                rows.append(row("promotion failed", cp.run, cp.step, str(exc)))
         for event in catalog.undelivered_events(limit=1000):
-            if event.kind != STAGED_EVENT:
-                continue
-            if not missing_tiers(event.run, event.step, tiers, colder, wanted):
+            action = outbox_action(catalog, event, tiers, colder, wanted)
+            if action is OutboxAction.DONE:
                 catalog.mark_delivered(event.id)
-                rows.append(
-                    {"action": "outbox delivered", "run": event.run, "step": event.step, "detail": ""}
-                )
-            elif being_written(catalog, event.run, event.step):
-                continue  # its promotion is in flight: the event was not missed (looked at next pass)
-            elif repost_staged(event.run, event.step, event.payload):
+                rows.append(row("outbox delivered", event.run, event.step))
+            elif action is OutboxAction.REPOST and repost_staged(event.run, event.step, event.payload):
                 catalog.mark_delivered(event.id)
-                rows.append(
-                    {"action": "staged event posted", "run": event.run, "step": event.step, "detail": ""}
-                )
+                rows.append(row("staged event posted", event.run, event.step))
         for tier in colder:
-            age = config.promote.stale_upload_age_s if tier == "cold" else config.promote.stale_partial_age_s
-            for item in cleanup_tier(config_path, tier, age):
-                rows.append({"action": "cleaned", "run": "", "step": None, "detail": f"{tier}: {item}"})
-        for checkpoint in catalog.checkpoints():
-            for replica in catalog.replicas(checkpoint.id):
-                if replica.tier == "hot" or replica.state != ReplicaState.READY:
-                    continue
-                if not replica_present(config_path, checkpoint.run, checkpoint.step, replica.tier):
-                    record_replica(config_path, checkpoint.id, replica.tier, "lost", reason="files vanished")
-                    rows.append(
-                        {
-                            "action": "marked lost",
-                            "run": checkpoint.run,
-                            "step": checkpoint.step,
-                            "detail": replica.tier,
-                        }
-                    )
+            for item in cleanup_tier(config_path, tier, stale_age_s(config, tier)):
+                rows.append(row("cleaned", detail=f"{tier}: {item}"))
+        for checkpoint, tier in ready_colder_replicas(catalog):
+            if not replica_present(config_path, checkpoint.run, checkpoint.step, tier):
+                record_replica(config_path, checkpoint.id, tier, "lost", reason="files vanished")
+                rows.append(row("marked lost", checkpoint.run, checkpoint.step, tier))
     finally:
         catalog.dispose()
     create_table_artifact(
         key="reconcile",
-        table=rows or [{"action": "nothing to do", "run": "", "step": None, "detail": ""}],
+        table=rows or [row("nothing to do")],
         description=f"reconcile: {len(rows)} actions",
     )
     return rows

@@ -15,19 +15,16 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 
 from ckptflow.peer.errors import PeerCorrupt, PeerRefused, PeerUnavailable
+from ckptflow.peer.http import PeerConnection
 from ckptflow.peer.identity import PartId
 from ckptflow.storage import checksums
 from ckptflow.storage.atomic import fsync_path
 from ckptflow.storage.manifest import FileEntry, safe_relative_path
 from ckptflow.storage.tier import Progress, TransferResult
-
-if TYPE_CHECKING:
-    from ckptflow.peer.client import PeerClient
 
 FETCH_TMP_MARK = (
     ".fetch-"  # as ckptflow.training_hooks.restore.inventory.FETCH_TMP_MARK: ignored by inventories
@@ -41,7 +38,7 @@ class _Download:
 
 
 def fetch_files(
-    client: PeerClient,
+    client: PeerConnection,
     run: str,
     step: int,
     owner_part: PartId,
@@ -70,7 +67,7 @@ def fetch_files(
 
 
 def _fetch_one(
-    client: PeerClient,
+    client: PeerConnection,
     run: str,
     step: int,
     part: PartId,
@@ -116,7 +113,7 @@ def _fetch_one(
 
 
 def _download(
-    client: PeerClient,
+    client: PeerConnection,
     run: str,
     step: int,
     part: PartId,
@@ -166,7 +163,13 @@ def _download(
 
 
 def read_range(
-    client: PeerClient, run: str, step: int, owner_part: PartId, entry: FileEntry, offset: int, length: int
+    client: PeerConnection,
+    run: str,
+    step: int,
+    owner_part: PartId,
+    entry: FileEntry,
+    offset: int,
+    length: int,
 ) -> bytes:
     """Bytes ``[offset, offset + length)`` of a file of the peer's copy, verified: the span
     must be one of the entry's blocks (or the whole file). PeerCorrupt if they do not match."""

@@ -8,17 +8,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from ckptflow.peer.bandwidth import TokenBucket
 from ckptflow.peer.errors import LocalFileCorrupt
+from ckptflow.peer.http import PeerConnection
 from ckptflow.peer.identity import PartId, replica_entries
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, parse_manifest
 from ckptflow.storage.tier import Progress
-
-if TYPE_CHECKING:
-    from ckptflow.peer.client import PeerClient
 
 CHUNK = 1 << 20
 
@@ -43,7 +41,7 @@ class _Sent:
 
 
 def push(
-    client: PeerClient,
+    client: PeerConnection,
     hot_step_dir: str | os.PathLike[str],
     manifest: Manifest,
     owner_part: int,

@@ -143,33 +143,29 @@ def _read_span(fd: int, start: int, end: int) -> Iterator[bytes]:
         os.close(fd)
 
 
-def create_app(store: ReplicaStore, verifier: Verifier) -> Any:
-    """The ASGI application: the routes, behind the authentication middleware."""
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, title="ckptflow peer")
+class _Routes:
+    """The endpoints (module docstring) over one store; :func:`create_app` puts each at its path.
 
-    @app.exception_handler(Refused)
-    async def _refused(_request: Request, exc: Refused) -> Any:
-        return _json(exc.status, {"error": exc.message})
+    Blocking store calls run in worker threads, so one slow disk never stalls the event loop that
+    every other transfer shares."""
 
-    base = "/v1/replicas/{run}/{step}/{part}"
+    def __init__(self, store: ReplicaStore) -> None:
+        self.store = store
 
-    @app.get("/v1/health")
-    def health() -> dict[str, Any]:
-        return {"ok": True, "hot_root": str(store.hot_root)}
+    def health(self) -> dict[str, Any]:
+        return {"ok": True, "hot_root": str(self.store.hot_root)}
 
-    @app.post(base + "/open")
-    async def open_replica(run: str, step: int, part: str, request: Request) -> Any:
+    async def open_replica(self, run: str, step: int, part: str, request: Request) -> Any:
         body = await _body(request)
-        return await run_in_threadpool(store.open, run, step, part, body)
+        return await run_in_threadpool(self.store.open, run, step, part, body)
 
-    @app.put(base + "/files/{path:path}")
-    async def put_file(run: str, step: int, part: str, path: str, request: Request) -> Any:
+    async def put_file(self, run: str, step: int, part: str, path: str, request: Request) -> Any:
         size = _int_header(request, "x-ckptflow-size")
         if _int_header(request, "content-length") != size:
             raise Refused(400, "Content-Length must equal X-Ckptflow-Size")
         crc = request.headers.get("x-ckptflow-crc64nvme", "")
         mid = request.headers.get("x-ckptflow-manifest", "")
-        receiver = await run_in_threadpool(store.begin_file, run, step, part, mid, path, size, crc)
+        receiver = await run_in_threadpool(self.store.begin_file, run, step, part, mid, path, size, crc)
         if receiver is None:
             return _json(200, {"path": path, "received": False, "already_complete": True})
         started = time.perf_counter()
@@ -199,23 +195,20 @@ def create_app(store: ReplicaStore, verifier: Verifier) -> Any:
         log.debug("peer server: received %s (%d bytes, %.2f s)", receiver.target, receiver.size, seconds)
         return _json(201, {"path": path, "received": True, "bytes": receiver.size})
 
-    @app.post(base + "/commit")
-    async def commit_replica(run: str, step: int, part: str, request: Request) -> Any:
+    async def commit_replica(self, run: str, step: int, part: str, request: Request) -> Any:
         body = await _body(request)
-        return await run_in_threadpool(store.commit, run, step, part, body)
+        return await run_in_threadpool(self.store.commit, run, step, part, body)
 
-    @app.get(base + "/manifest")
-    def get_manifest(run: str, step: int, part: str) -> Any:
-        data = store.manifest(run, step, part)
+    def get_manifest(self, run: str, step: int, part: str) -> Any:
+        data = self.store.manifest(run, step, part)
         return Response(
             data,
             media_type="application/json",
             headers={"X-Ckptflow-Crc64nvme": checksums.checksum_bytes(data)},
         )
 
-    @app.get(base + "/files/{path:path}")
-    async def get_file(run: str, step: int, part: str, path: str, request: Request) -> Any:
-        where, entry = await run_in_threadpool(store.locate, run, step, part, path)
+    async def get_file(self, run: str, step: int, part: str, path: str, request: Request) -> Any:
+        where, entry = await run_in_threadpool(self.store.locate, run, step, part, path)
         fd = os.open(where, os.O_RDONLY)
         try:
             actual = os.fstat(fd).st_size
@@ -239,23 +232,44 @@ def create_app(store: ReplicaStore, verifier: Verifier) -> Any:
             headers=headers,
         )
 
-    @app.get("/v1/replicas")
-    def list_replicas(run: str | None = None) -> Any:
-        return {"replicas": [_held_json(h) for h in store.held(run)]}
+    def list_replicas(self, run: str | None = None) -> Any:
+        return {"replicas": [_held_json(h) for h in self.store.held(run)]}
 
-    @app.delete(base)
-    def delete_replica(run: str, step: int, part: str) -> Any:
-        return {"deleted": store.delete(run, step, part)}
+    def delete_replica(self, run: str, step: int, part: str) -> Any:
+        return {"deleted": self.store.delete(run, step, part)}
 
-    @app.post(base + "/quarantine")
-    async def quarantine_replica(run: str, step: int, part: str, request: Request) -> Any:
+    async def quarantine_replica(self, run: str, step: int, part: str, request: Request) -> Any:
         body = await _body(request)
         try:
             reason = str(json.loads(body).get("reason", ""))
         except (ValueError, AttributeError):
             raise Refused(400, 'the body must be JSON {"reason": "..."}') from None
-        return {"quarantined": await run_in_threadpool(store.quarantine, run, step, part, reason)}
+        return {"quarantined": await run_in_threadpool(self.store.quarantine, run, step, part, reason)}
 
+
+async def _refused(_request: Request, exc: Refused) -> Any:
+    return _json(exc.status, {"error": exc.message})
+
+
+def create_app(store: ReplicaStore, verifier: Verifier) -> Any:
+    """The ASGI application: the routes, behind the authentication middleware."""
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, title="ckptflow peer")
+    app.add_exception_handler(Refused, _refused)
+    routes = _Routes(store)
+    base = "/v1/replicas/{run}/{step}/{part}"
+    # Registered in this order (a route matches in order; each path and method is unique).
+    for method, path, endpoint in (
+        ("GET", "/v1/health", routes.health),
+        ("POST", base + "/open", routes.open_replica),
+        ("PUT", base + "/files/{path:path}", routes.put_file),
+        ("POST", base + "/commit", routes.commit_replica),
+        ("GET", base + "/manifest", routes.get_manifest),
+        ("GET", base + "/files/{path:path}", routes.get_file),
+        ("GET", "/v1/replicas", routes.list_replicas),
+        ("DELETE", base, routes.delete_replica),
+        ("POST", base + "/quarantine", routes.quarantine_replica),
+    ):
+        app.add_api_route(path, endpoint, methods=[method])
     return _Authenticate(app, verifier)
 
 

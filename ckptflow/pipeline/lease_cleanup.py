@@ -29,7 +29,8 @@ from ckptflow.catalog import ALL_PARTS, Catalog, LeaseGrant, ReplicaState
 from ckptflow.catalog.models import utcnow
 from ckptflow.catalog.transitions import FINAL, IN_FLIGHT
 from ckptflow.pipeline.leases import holder_name
-from ckptflow.storage.s3_tier import IncompleteUpload, S3Tier
+from ckptflow.storage.s3_inventory import IncompleteUpload
+from ckptflow.storage.s3_tier import S3Tier
 
 log = logging.getLogger("ckptflow.cleanup")
 

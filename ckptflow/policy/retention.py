@@ -58,6 +58,10 @@ Deleting a replica younger than its tier's ``min_storage_days`` still bills the 
 created_at, so a lower bound when promotion lagged) plus ``delete_per_1000 / 1000`` per replica; a
 one-off cost, reported, not part of the monthly figures. Tiers the policy does not configure appear
 in the plan's per-tier table at $0 (their price is not known here).
+
+This module selects and applies the floors; the snapshot is checked and read into arrays by
+:mod:`ckptflow.policy.retention_snapshot`, and the costs and phase 2 are
+:mod:`ckptflow.policy.retention_budget`.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ import pandas as pd
 
 from ckptflow.policy.config import TIER_ORDER
 from ckptflow.policy.promotion_savings import SkipSavings, promotion_savings
+from ckptflow.policy.retention_budget import ReplicaCosts, budget_phase, replica_costs, usd
 from ckptflow.policy.retention_rules import (
     BestN,
     CheckpointInfo,
@@ -85,6 +90,7 @@ from ckptflow.policy.retention_rules import (
     rank_in_run,
 )
 from ckptflow.policy.retention_schema import RetentionPolicy, policy_hash
+from ckptflow.policy.retention_snapshot import SnapshotRows, read_snapshot, verified_checkpoints
 
 __all__ = [
     "BestN",
@@ -100,21 +106,6 @@ __all__ = [
     "compile_rule",
     "plan_retention",
 ]
-
-_COLUMNS = (
-    "run",
-    "step",
-    "tier",
-    "bytes",
-    "created_at",
-    "replica_state",
-    "checkpoint_state",
-    "tags",
-    "pinned",
-)
-_REPLICA_STATES = ("ready", "corrupt", "lost", "deleted", "pending", "copying")
-_CHECKPOINT_STATES = ("committed", "verified", "corrupt", "abandoned")
-_DAY_NS = 86_400 * 10**9
 
 
 # --- the plan --------------------------------------------------------------------------------------
@@ -173,135 +164,121 @@ class RetentionPlan:
         return [vars(t).copy() for t in self.tiers.values()]
 
 
-def _codes(series: pd.Series, allowed: Sequence[str], column: str) -> np.ndarray:
-    """Index into ``allowed`` of every value; ValueError naming the column and the unknown values."""
-    codes, uniques = pd.factorize(series)
-    lookup = np.array([allowed.index(u) if u in allowed else -1 for u in uniques], dtype=np.int64)
-    if (codes < 0).any():
-        raise ValueError(f"snapshot column {column!r} has missing values; expected one of {list(allowed)}")
-    if (lookup < 0).any():
-        bad = sorted(str(u) for u in uniques if u not in allowed)
-        raise ValueError(
-            f"snapshot column {column!r}: unknown value(s) {bad}; expected one of {list(allowed)}"
-        )
-    return lookup[codes] if len(lookup) else np.zeros(len(series), dtype=np.int64)
+# --- rules and floors ------------------------------------------------------------------------------
 
 
-def _utc_ns(values: pd.Series) -> np.ndarray:
-    if not isinstance(values.dtype, pd.DatetimeTZDtype):
-        raise ValueError(
-            "snapshot column 'created_at' must be tz-aware datetimes (e.g. pd.to_datetime(x, utc=True))"
-        )
-    return (
-        values.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy().astype("datetime64[ns]").astype(np.int64)
-    )
+@dataclass(frozen=True)
+class _Kept:
+    """Why replicas stay: which rule selects each checkpoint on each tier, and what each floor protects."""
+
+    first_rule: np.ndarray  # [tier, ck]: index of the first rule of that tier selecting ck, or -1
+    held: np.ndarray  # per checkpoint: a rule or checkpoint-level floor holds it (its anchor stays)
+    coldest_copy: np.ndarray  # per checkpoint: the tier of its anchor (coldest verified replica), or -1
+    floors: dict[str, np.ndarray]  # "F1".."F5": per replica, the floor protects it
+    managed: np.ndarray  # per replica: verified and on a configured tier (the only ones ever deleted)
+
+    def holders(self, rows: SnapshotRows, configured: np.ndarray) -> list[tuple[str, np.ndarray]]:
+        """Why a replica no phase may delete stays, first match wins (for the over-budget message)."""
+        f = self.floors
+        return [
+            ("not verified (left to scrub/repair)", ~rows.verified),
+            ("tier not in the policy", ~configured[rows.tier]),
+            ("F5 pinned", f["F5"]),
+            ("F1 newest checkpoint", f["F1"]),
+            ("F4 SDC window", f["F4"]),
+            ("F2 last verified copy of a rule-kept checkpoint", f["F2"]),
+            ("F3 no colder verified copy", f["F3"]),
+        ]
 
 
-def _usd(x: float) -> str:
-    return f"${x:,.2f}"
+def _rule_selection(
+    rows: SnapshotRows, rules: Sequence[Sequence[RetentionRule]], now_ts: pd.Timestamp
+) -> tuple[np.ndarray, np.ndarray]:
+    """``first_rule[t, ck]``: the index of the first rule of tier t that selects ck, or -1; and
+    ``pick``, per verified checkpoint (run, then step descending), the live row it was read from."""
+    ckpts, pick = verified_checkpoints(rows, [rule for tier_rules in rules for rule in tier_rules])
+    ck_of = rows.ck[pick]
+    first_rule = np.full((len(TIER_ORDER), rows.n_ck), -1, dtype=np.int16)
+    for t, tier_rules in enumerate(rules):
+        for j in range(len(tier_rules) - 1, -1, -1):
+            first_rule[t, ck_of[tier_rules[j].select(ckpts, now_ts)]] = j
+    return first_rule, pick
 
 
-@dataclass
-class _Rows:
-    """The snapshot's live rows as arrays (one entry per replica)."""
-
-    frame: pd.DataFrame
-    run: np.ndarray  # index into run_names
-    run_names: np.ndarray  # sorted
-    step: np.ndarray
-    tier: np.ndarray  # index into TIER_ORDER
-    nbytes: np.ndarray
-    created: np.ndarray  # ns since the epoch, UTC
-    verified: np.ndarray
-    stored: np.ndarray  # occupies storage (not lost)
-    pinned: np.ndarray
-    ck: np.ndarray  # checkpoint id, 0..n_ck-1
-    n_ck: int
+def _sdc_restore_points(rows: SnapshotRows, pick: np.ndarray, window_start_ns: int) -> np.ndarray:
+    """F4, per checkpoint: per run, the newest checkpoint older than the window and the oldest one
+    inside it (``pick`` is sorted by run, then step descending: the first old row and the last young
+    row of each run)."""
+    run_c = rows.run[pick]
+    ck_of = rows.ck[pick]
+    is_old = rows.created[pick] < window_start_ns
+    sdc = np.zeros(rows.n_ck, dtype=bool)
+    for part, first in ((np.flatnonzero(is_old), True), (np.flatnonzero(~is_old), False)):
+        runs = run_c[part]
+        edge = np.r_[True, runs[1:] != runs[:-1]] if first else np.r_[runs[1:] != runs[:-1], True]
+        sdc[ck_of[part[edge[: len(part)]]]] = True
+    return sdc
 
 
-def _read_snapshot(snapshot: pd.DataFrame) -> _Rows:
-    missing = [c for c in _COLUMNS if c not in snapshot.columns]
-    if missing:
-        raise ValueError(
-            f"snapshot is missing column(s) {missing}; one row per replica with {list(_COLUMNS)}"
-        )
-    replica_state = _codes(snapshot["replica_state"], _REPLICA_STATES, "replica_state")
-    live = replica_state != _REPLICA_STATES.index("deleted")
-    frame = snapshot.loc[live] if not live.all() else snapshot
-    replica_state = replica_state[live]
-    checkpoint_state = _codes(frame["checkpoint_state"], _CHECKPOINT_STATES, "checkpoint_state")
-    tier = _codes(frame["tier"], TIER_ORDER, "tier")
-    for column in ("step", "bytes"):
-        if not pd.api.types.is_integer_dtype(frame[column].dtype):
-            raise ValueError(f"snapshot column {column!r} must be integers, got {frame[column].dtype}")
-    if not pd.api.types.is_bool_dtype(frame["pinned"].dtype):
-        raise ValueError(f"snapshot column 'pinned' must be bool, got {frame['pinned'].dtype}")
-    step = frame["step"].to_numpy(dtype=np.int64)
-    nbytes = frame["bytes"].to_numpy(dtype=np.int64)
-    if len(step) and (step.min() < 0 or nbytes.min() < 0):
-        raise ValueError("snapshot columns 'step' and 'bytes' must be >= 0")
-    run_codes, run_uniques = pd.factorize(frame["run"])
-    order = np.argsort(np.asarray(run_uniques, dtype=object))
-    run = np.argsort(order)[run_codes] if len(run_codes) else run_codes  # codes in name order
-    stride = int(step.max()) + 1 if len(step) else 1
-    ck, ck_uniques = pd.factorize(run.astype(np.int64) * stride + step)
-    if len(ck) and pd.Series(ck.astype(np.int64) * len(TIER_ORDER) + tier).duplicated().any():
-        raise ValueError(
-            "snapshot has two live replicas of one checkpoint on one tier; (run, step, tier) is unique"
-        )
-    ready = replica_state == _REPLICA_STATES.index("ready")
-    good = checkpoint_state <= _CHECKPOINT_STATES.index("verified")
-    return _Rows(
-        frame=frame,
-        run=run,
-        run_names=np.asarray(run_uniques, dtype=object)[order],
-        step=step,
-        tier=tier,
-        nbytes=nbytes,
-        created=_utc_ns(frame["created_at"]),
-        verified=ready & good,
-        stored=replica_state != _REPLICA_STATES.index("lost"),
-        pinned=frame["pinned"].to_numpy(dtype=bool),
-        ck=ck,
-        n_ck=len(ck_uniques),
-    )
+def _wanted_colder(configs: Sequence[Any], first_rule: np.ndarray, skippable: Collection[str]) -> np.ndarray:
+    """``wanted_colder[t, ck]``: a configured tier colder than t is meant to hold ck: promotion never
+    skips it, or one of its rules selects ck (F3 keeps a hotter copy only until such a copy exists)."""
+    skip = np.array([name in skippable for name in TIER_ORDER])
+    wanted_colder = np.zeros((len(TIER_ORDER), first_rule.shape[1]), dtype=bool)
+    for t in range(len(TIER_ORDER) - 2, -1, -1):
+        meant = (~skip[t + 1] | (first_rule[t + 1] >= 0)) if configs[t + 1] is not None else False
+        wanted_colder[t] = wanted_colder[t + 1] | meant
+    return wanted_colder
 
 
-def _checkpoints(rows: _Rows, rules: Sequence[RetentionRule]) -> tuple[pd.DataFrame, np.ndarray]:
-    """The verified checkpoints (frame for ``select``, sorted by run, step descending) and, per frame
-    row, the index of the live row it was read from."""
-    vidx = np.flatnonzero(rows.verified)
-    _, first = np.unique(rows.ck[vidx], return_index=True)
-    pick = vidx[first]
-    pick = pick[np.lexsort((-rows.step[pick], rows.run[pick]))]
-    data: dict[str, Any] = {
-        "run": rows.run[pick],
-        "step": rows.step[pick],
-        "created_at": pd.to_datetime(rows.created[pick], unit="ns", utc=True),
+def _why_kept(
+    rows: SnapshotRows,
+    configs: Sequence[Any],
+    rules: Sequence[Sequence[RetentionRule]],
+    policy: RetentionPolicy,
+    skippable: Collection[str],
+    now_ts: pd.Timestamp,
+) -> _Kept:
+    """The rules' selection and the floors F1-F5 (module docstring), per checkpoint and per replica."""
+    first_rule, pick = _rule_selection(rows, rules, now_ts)
+    selected = (first_rule >= 0).any(axis=0)
+    newest = np.zeros(rows.n_ck, dtype=bool)
+    newest[rows.ck[pick][rank_in_run(rows.run[pick]) == 0]] = True
+    window_ns = policy.sdc_detection_window // timedelta(microseconds=1) * 1000
+    sdc = _sdc_restore_points(rows, pick, now_ts.as_unit("ns").value - window_ns)
+    pinned_ck = np.zeros(rows.n_ck, dtype=bool)
+    pinned_ck[rows.ck[rows.pinned]] = True
+    coldest_copy = np.full(rows.n_ck, -1, dtype=np.int64)
+    for t in range(len(TIER_ORDER)):
+        coldest_copy[rows.ck[rows.verified & (rows.tier == t)]] = t
+    wanted_colder = _wanted_colder(configs, first_rule, skippable)
+
+    anchor = rows.verified & (rows.tier == coldest_copy[rows.ck])
+    override = np.array([bool(cfg and cfg.delete_without_colder_copy) for cfg in configs])
+    coldest = max(t for t, cfg in enumerate(configs) if cfg is not None)
+    configured = np.array([cfg is not None for cfg in configs])
+    floors = {
+        "F1": newest[rows.ck],
+        "F2": anchor & selected[rows.ck],
+        "F3": (
+            (rows.tier < coldest)
+            & ~override[rows.tier]
+            & (coldest_copy[rows.ck] <= rows.tier)
+            & (wanted_colder[rows.tier, rows.ck] | pinned_ck[rows.ck])
+        ),
+        "F4": anchor & sdc[rows.ck],
+        "F5": rows.pinned | (anchor & pinned_ck[rows.ck]),
     }
-    if any(isinstance(rule, Tagged) for rule in rules):
-        tags = rows.frame["tags"].iloc[pick].reset_index(drop=True)
-        if tags.map(lambda t: isinstance(t, str)).any():
-            raise ValueError(
-                "snapshot column 'tags' must hold a list of str per row; split comma-joined tags"
-            )
-        data["tags"] = tags
-    for metric in sorted({rule.metric for rule in rules if isinstance(rule, BestN)}):
-        column = f"metric_{metric}"
-        if column in rows.frame.columns:
-            data[column] = rows.frame[column].to_numpy(dtype=float)[pick]
-    return pd.DataFrame(data), pick
+    return _Kept(
+        first_rule=first_rule,
+        held=selected | newest | sdc | pinned_ck,
+        coldest_copy=coldest_copy,
+        floors=floors,
+        managed=rows.verified & configured[rows.tier],
+    )
 
 
-_HELD_BY = (
-    "not verified (left to scrub/repair)",
-    "tier not in the policy",
-    "F5 pinned",
-    "F1 newest checkpoint",
-    "F4 SDC window",
-    "F2 last verified copy of a rule-kept checkpoint",
-    "F3 no colder verified copy",
-)
+# --- planning --------------------------------------------------------------------------------------
 
 
 def plan_retention(
@@ -312,103 +289,67 @@ def plan_retention(
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware, e.g. datetime.now(timezone.utc)")
     now_ts = pd.Timestamp(now).tz_convert("UTC")
-    now_ns = now_ts.as_unit("ns").value
-    rows = _read_snapshot(snapshot)
+    rows = read_snapshot(snapshot)
     configs = [policy.tiers.get(name) for name in TIER_ORDER]
     rules = [[compile_rule(spec) for spec in cfg.rules] if cfg else [] for cfg in configs]
     configured = np.array([cfg is not None for cfg in configs])
-    coldest = max(t for t, cfg in enumerate(configs) if cfg is not None)
-    all_rules = [rule for tier_rules in rules for rule in tier_rules]
     notes = [
         f"keep_best: the snapshot has no column metric_{m}, so that rule keeps nothing"
-        for m in sorted({r.metric for r in all_rules if isinstance(r, BestN)})
+        for m in sorted({r.metric for tier_rules in rules for r in tier_rules if isinstance(r, BestN)})
         if f"metric_{m}" not in rows.frame.columns
     ]
-    ckpts, pick = _checkpoints(rows, all_rules)
-    ck_of = rows.ck[pick]
-
-    # Which checkpoints each tier's rules select: first_rule[t, ck] = index of the first rule, or -1.
-    first_rule = np.full((len(TIER_ORDER), rows.n_ck), -1, dtype=np.int16)
-    for t, tier_rules in enumerate(rules):
-        for j in range(len(tier_rules) - 1, -1, -1):
-            first_rule[t, ck_of[tier_rules[j].select(ckpts, now_ts)]] = j
-    selected = (first_rule >= 0).any(axis=0)
-
-    # Checkpoint-level floors.
-    run_c = rows.run[pick]
-    newest = np.zeros(rows.n_ck, dtype=bool)
-    newest[ck_of[rank_in_run(run_c) == 0]] = True
-    # F4: per run, the newest checkpoint older than the window and the oldest one inside it (rows are
-    # sorted by run, then step descending: the first old row and the last young row of each run).
-    is_old = rows.created[pick] < now_ns - policy.sdc_detection_window // timedelta(microseconds=1) * 1000
-    sdc = np.zeros(rows.n_ck, dtype=bool)
-    for part, first in ((np.flatnonzero(is_old), True), (np.flatnonzero(~is_old), False)):
-        runs = run_c[part]
-        edge = np.r_[True, runs[1:] != runs[:-1]] if first else np.r_[runs[1:] != runs[:-1], True]
-        sdc[ck_of[part[edge[: len(part)]]]] = True
-    pinned_ck = np.zeros(rows.n_ck, dtype=bool)
-    pinned_ck[rows.ck[rows.pinned]] = True
-    coldest_copy = np.full(rows.n_ck, -1, dtype=np.int64)
-    for t in range(len(TIER_ORDER)):
-        coldest_copy[rows.ck[rows.verified & (rows.tier == t)]] = t
-    held = selected | newest | sdc | pinned_ck
-    # wanted_colder[t, ck]: a configured tier colder than t is meant to hold ck: promotion never skips
-    # it, or one of its rules selects ck (F3 keeps a hotter copy only until such a copy exists).
-    skip = np.array([name in skippable for name in TIER_ORDER])
-    wanted_colder = np.zeros((len(TIER_ORDER), rows.n_ck), dtype=bool)
-    for t in range(len(TIER_ORDER) - 2, -1, -1):
-        meant = (~skip[t + 1] | (first_rule[t + 1] >= 0)) if configs[t + 1] is not None else False
-        wanted_colder[t] = wanted_colder[t + 1] | meant
-
-    # Replica-level floors.
-    anchor = rows.verified & (rows.tier == coldest_copy[rows.ck])
-    override = np.array([bool(cfg and cfg.delete_without_colder_copy) for cfg in configs])
-    f1 = newest[rows.ck]
-    f2 = anchor & selected[rows.ck]
-    f3 = (
-        (rows.tier < coldest)
-        & ~override[rows.tier]
-        & (coldest_copy[rows.ck] <= rows.tier)
-        & (wanted_colder[rows.tier, rows.ck] | pinned_ck[rows.ck])
-    )
-    f4 = anchor & sdc[rows.ck]
-    f5 = rows.pinned | (anchor & pinned_ck[rows.ck])
-    managed = rows.verified & configured[rows.tier]
-    deletable = managed & ~(f1 | f2 | f3 | f4 | f5)
-    rule_kept = first_rule[rows.tier, rows.ck] >= 0
+    kept = _why_kept(rows, configs, rules, policy, skippable, now_ts)
+    deletable = kept.managed & ~np.logical_or.reduce(list(kept.floors.values()))
+    rule_kept = kept.first_rule[rows.tier, rows.ck] >= 0
     phase1 = deletable & ~rule_kept
     candidates = deletable & rule_kept
 
-    # Costs.
-    price = np.array([cfg.price.per_gb_month if cfg else 0.0 for cfg in configs])
-    min_days = np.array([cfg.price.min_storage_days if cfg else 0 for cfg in configs], dtype=float)
-    request = np.array([cfg.price.delete_per_1000 / 1000 if cfg else 0.0 for cfg in configs])
-    cost = np.where(rows.stored, rows.nbytes / 1e9 * price[rows.tier], 0.0)
-    remaining_days = np.clip(min_days[rows.tier] - (now_ns - rows.created) / _DAY_NS, 0.0, None)
-    early = rows.nbytes / 1e9 * price[rows.tier] * remaining_days / 30 + request[rows.tier]
-    n_tiers = len(TIER_ORDER)
-    before = np.bincount(rows.tier, weights=cost, minlength=n_tiers)
-    after1 = before - np.bincount(rows.tier[phase1], weights=cost[phase1], minlength=n_tiers)
-
-    held_by = np.select(
-        [~rows.verified, ~configured[rows.tier], f5, f1, f4, f2, f3], list(range(len(_HELD_BY))), default=-1
-    )
-    stage, budget_lines, over_budget = _budget_phase(
-        rows, cost, remaining_days > 0, candidates, after1, configs, policy, held_by, phase1
+    costs = replica_costs(rows, configs, now_ts.as_unit("ns").value)
+    stage, budget_lines, over_budget = budget_phase(
+        rows, costs, candidates, phase1, configs, policy, kept.holders(rows, configured)
     )
     delete = phase1 | (stage >= 0)
 
     # The deletions, ordered by run, step, tier, each with its reason in words.
     didx = np.flatnonzero(delete)
     didx = didx[np.lexsort((rows.tier[didx], rows.step[didx], rows.run[didx]))]
-    details = _details(rows, didx, stage, rules, held, coldest_copy, first_rule)
+    details = _details(rows, didx, stage, rules, kept.held, kept.coldest_copy, kept.first_rule)
+    after = costs.before - np.bincount(
+        rows.tier[delete], weights=costs.monthly[delete], minlength=len(TIER_ORDER)
+    )
+    skipped = promotion_savings(snapshot, policy, now, skippable) if skippable else {}
+    summary = _summary(rows, costs, after, delete, len(didx), skipped)
+    return RetentionPlan(
+        deletions=_deletions(rows, didx, stage, details, costs),
+        kept=len(rows.step) - len(didx),
+        tiers=_tier_costs(rows, configs, costs, after, delete),
+        before_usd_month=float(costs.before.sum()),
+        after_usd_month=float(after.sum()),
+        budget_usd_month=policy.budget.monthly_usd if policy.budget else None,
+        early_delete_usd=float(costs.early[delete].sum()),
+        over_budget=over_budget,
+        message=". ".join([summary, *budget_lines, *notes]),
+        protected={name: int((mask & kept.managed).sum()) for name, mask in kept.floors.items()},
+        policy_hash=policy_hash(policy),
+        now=now,
+        skipped=skipped,
+    )
+
+
+# --- the plan's parts ------------------------------------------------------------------------------
+
+
+def _deletions(
+    rows: SnapshotRows, didx: np.ndarray, stage: np.ndarray, details: np.ndarray, costs: ReplicaCosts
+) -> list[Deletion]:
+    """One Deletion per index of ``didx``, in that order."""
     tier_names = np.array(TIER_ORDER, dtype=object)
     # 300k new tuples would set off repeated full garbage collections over every live object;
     # they hold only strings and numbers (no cycles), so the collector is paused while they are made.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        deletions = list(
+        return list(
             map(
                 Deletion._make,  # tuple.__new__ per row: a third of the cost of Deletion(...)
                 zip(
@@ -418,8 +359,8 @@ def plan_retention(
                     rows.nbytes[didx].tolist(),
                     np.where(stage[didx] >= 0, "budget", "no_rule").tolist(),
                     details.tolist(),
-                    cost[didx].tolist(),
-                    early[didx].tolist(),
+                    costs.monthly[didx].tolist(),
+                    costs.early[didx].tolist(),
                     strict=True,
                 ),
             )
@@ -428,8 +369,12 @@ def plan_retention(
         if gc_was_enabled:
             gc.enable()
 
+
+def _tier_costs(
+    rows: SnapshotRows, configs: Sequence[Any], costs: ReplicaCosts, after: np.ndarray, delete: np.ndarray
+) -> dict[str, TierCost]:
+    """The per-tier table: every configured tier, and every other tier the snapshot has rows on."""
     tiers: dict[str, TierCost] = {}
-    after = before - np.bincount(rows.tier[delete], weights=cost[delete], minlength=n_tiers)
     for t, name in enumerate(TIER_ORDER):
         on_tier = rows.tier == t
         if configs[t] is None and not on_tier.any():
@@ -437,143 +382,49 @@ def plan_retention(
         stored = on_tier & rows.stored
         tiers[name] = TierCost(
             tier=name,
-            per_gb_month=float(price[t]),
+            per_gb_month=float(costs.price[t]),
             monthly_budget_usd=configs[t].monthly_budget_usd if configs[t] else None,
             replicas_before=int(on_tier.sum()),
             replicas_after=int((on_tier & ~delete).sum()),
             before_bytes=int(rows.nbytes[stored].sum()),
             after_bytes=int(rows.nbytes[stored & ~delete].sum()),
-            before_usd_month=float(before[t]),
+            before_usd_month=float(costs.before[t]),
             after_usd_month=float(after[t]),
         )
-    early_total = float(early[delete].sum())
+    return tiers
+
+
+def _summary(
+    rows: SnapshotRows,
+    costs: ReplicaCosts,
+    after: np.ndarray,
+    delete: np.ndarray,
+    n_deleted: int,
+    skipped: dict[str, SkipSavings],
+) -> str:
+    """The plan message's first sentence: what goes, what it saves, the one-off fees, what promotion
+    skipped."""
+    before = costs.before
+    early_total = float(costs.early[delete].sum())
     saved = float(before.sum() - after.sum())
     summary = (
-        f"delete {len(didx):,} of {len(rows.step):,} replicas ({rows.nbytes[delete].sum() / 1e12:,.1f} TB), "
-        f"{_usd(before.sum())} -> {_usd(after.sum())}/month (saves {_usd(saved)}/month)"
+        f"delete {n_deleted:,} of {len(rows.step):,} replicas ({rows.nbytes[delete].sum() / 1e12:,.1f} TB), "
+        f"{usd(before.sum())} -> {usd(after.sum())}/month (saves {usd(saved)}/month)"
     )
     if early_total > 0:
-        summary += f"; one-off early-deletion and request fees {_usd(early_total)}"
-    skipped = promotion_savings(snapshot, policy, now, skippable) if skippable else {}
+        summary += f"; one-off early-deletion and request fees {usd(early_total)}"
     for saving in skipped.values():
         if saving.copies:
             summary += (
                 f"; promotion skipped {saving.copies:,} {saving.tier} copies no {saving.tier} rule keeps "
                 f"({saving.bytes / 1e12:,.3f} TB not uploaded, early-deletion fees not paid "
-                f"{_usd(saving.early_delete_usd)})"
+                f"{usd(saving.early_delete_usd)})"
             )
-    protected = {
-        "F1": int((f1 & managed).sum()),
-        "F2": int((f2 & managed).sum()),
-        "F3": int((f3 & managed).sum()),
-        "F4": int((f4 & managed).sum()),
-        "F5": int((f5 & managed).sum()),
-    }
-    return RetentionPlan(
-        deletions=deletions,
-        kept=len(rows.step) - len(didx),
-        tiers=tiers,
-        before_usd_month=float(before.sum()),
-        after_usd_month=float(after.sum()),
-        budget_usd_month=policy.budget.monthly_usd if policy.budget else None,
-        early_delete_usd=early_total,
-        over_budget=over_budget,
-        message=". ".join([summary, *budget_lines, *notes]),
-        protected=protected,
-        policy_hash=policy_hash(policy),
-        now=now,
-        skipped=skipped,
-    )
-
-
-def _tol(value: float) -> float:
-    return 1e-9 * max(1.0, abs(value))
-
-
-def _budget_phase(
-    rows: _Rows,
-    cost: np.ndarray,
-    young: np.ndarray,
-    candidates: np.ndarray,
-    after1: np.ndarray,
-    configs: Sequence[Any],
-    policy: RetentionPolicy,
-    held_by: np.ndarray,
-    phase1: np.ndarray,
-) -> tuple[np.ndarray, list[str], bool]:
-    """Phase 2. Returns, per row, the budget its deletion serves (tier index, 3 = overall, -1 = none),
-    the sentences for the plan's message, and whether a budget stays missed."""
-    n_tiers = len(TIER_ORDER)
-    stage = np.full(len(cost), -1, dtype=np.int8)
-    budgets: list[tuple[int, str, float, float]] = [  # (stage, label, budget, cost after phase 1)
-        (t, f"{TIER_ORDER[t]} tier", cfg.monthly_budget_usd, float(after1[t]))
-        for t, cfg in enumerate(configs)
-        if cfg is not None and cfg.monthly_budget_usd is not None
-    ]
-    if policy.budget is not None:
-        budgets.append((n_tiers, "overall", policy.budget.monthly_usd, float(after1.sum())))
-    over = [b for b in budgets if b[3] - b[2] > _tol(b[3])]
-    if not over:
-        if budgets:
-            return stage, ["every budget is met"], False
-        return stage, [], False
-    cand_cost = np.bincount(rows.tier[candidates], weights=cost[candidates], minlength=n_tiers)
-    floor_cost = [*cand_cost, cand_cost.sum()]
-    missed = [b for b in over if b[3] - floor_cost[b[0]] - b[2] > _tol(b[3])]
-    if missed:
-        lines = []
-        rest = ~phase1 & ~candidates
-        for s, label, budget, spent in missed:
-            least = spent - floor_cost[s]
-            where = rest & (rows.tier == s) if s < n_tiers else rest
-            held = np.bincount(held_by[where], weights=cost[where], minlength=len(_HELD_BY))
-            reasons = ", ".join(
-                f"{_HELD_BY[i]} {_usd(held[i])}" for i in np.argsort(-held, kind="stable") if held[i] > 0
-            )
-            lines.append(
-                f"OVER BUDGET: the {label} budget of {_usd(budget)}/month is missed by "
-                f"{_usd(least - budget)}: "
-                f"deleting every replica that no floor protects would still leave {_usd(least)}/month, "
-                f"held by {reasons or 'nothing deletable'}"
-            )
-        others = [b for b in over if b not in missed]
-        lines += [
-            f"the {label} budget is also over by {_usd(spent - budget)}" for _, label, budget, spent in others
-        ]
-        lines.append(
-            "nothing beyond the rules' own deletions is planned; raise the budget or loosen the rules"
-        )
-        return stage, lines, True
-
-    cidx = np.flatnonzero(candidates)
-    order = cidx[
-        np.lexsort(
-            (rows.tier[cidx], rows.step[cidx], rows.run[cidx], -cost[cidx], rows.created[cidx], young[cidx])
-        )
-    ]
-    lines = []
-    for s, label, budget, spent in over:
-        if s < n_tiers:
-            pool = order[(rows.tier[order] == s) & (stage[order] < 0)]
-            excess = spent - budget
-        else:
-            pool = order[stage[order] < 0]
-            excess = float(after1.sum() - cost[stage >= 0].sum()) - budget
-            if excess <= _tol(budget):
-                continue
-        k = min(int(np.searchsorted(np.cumsum(cost[pool]), excess - _tol(spent))) + 1, len(pool))
-        stage[pool[:k]] = s
-        lines.append(
-            f"the {label} budget of {_usd(budget)}/month was over by {_usd(excess)} "
-            "after the rules' deletions: "
-            f"{k:,} more rule-kept replicas go (hotter copies; each checkpoint keeps its coldest copy), "
-            f"saving {_usd(cost[pool[:k]].sum())}/month"
-        )
-    return stage, [*lines, "every budget is met"], False
+    return summary
 
 
 def _details(
-    rows: _Rows,
+    rows: SnapshotRows,
     didx: np.ndarray,
     stage: np.ndarray,
     rules: Sequence[Sequence[RetentionRule]],

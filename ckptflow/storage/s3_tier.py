@@ -5,7 +5,9 @@ Layout: ``s3://<bucket>/<prefix>/<run>/step-<N>/<file path from the manifest>``.
 Commit protocol: every file is uploaded and proven stored (HeadObject with checksum mode: size and
 full-object CRC64NVME equal the manifest) before the manifest object, the exact bytes of the
 source's ``manifest.json``, is uploaded last. Readers ignore a step without its manifest object.
-How one file moves, and how an interrupted multipart upload is resumed, is in ``s3_transfer``.
+How one file moves, and how an interrupted multipart upload is resumed, is in ``s3_transfer``;
+what the prefix holds (committed steps, stored files, trash markers, leftovers) is read by
+``s3_inventory``.
 
 boto3 is imported lazily: the training process imports this package without paying for it.
 """
@@ -25,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ckptflow.storage import checksums, layout
+from ckptflow.storage import checksums, layout, s3_inventory
 from ckptflow.storage.atomic import fsync_path
 from ckptflow.storage.manifest import (
     MANIFEST_NAME,
@@ -39,6 +41,7 @@ from ckptflow.storage.posix_tier import TRASH_MARK, trash_stamp
 from ckptflow.storage.publish import committed_same, publish, source_manifest
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.s3_client import S3Bucket, S3Credentials, stored_problem
+from ckptflow.storage.s3_inventory import IncompleteUpload
 from ckptflow.storage.s3_transfer import (
     DEFAULT_PART_SIZE,
     MAX_PART_SIZE,
@@ -53,8 +56,6 @@ from ckptflow.storage.verify import FileProblem
 
 __all__ = ["MAX_PART_SIZE", "S3Credentials", "S3Tier", "part_size_for"]
 
-_STEP_PREFIX = re.compile(r"step-(\d+)/$")
-
 
 @dataclass
 class _Tally:
@@ -68,17 +69,6 @@ class _Tally:
             self.files += files
             self.bytes += nbytes
             self.skipped += skipped
-
-
-@dataclass(frozen=True)
-class IncompleteUpload:
-    """A multipart upload not completed nor aborted; ``run`` None for a key outside any step."""
-
-    key: str
-    upload_id: str
-    initiated: datetime
-    run: str | None
-    step: int
 
 
 class S3Tier:
@@ -170,15 +160,7 @@ class S3Tier:
         return f"s3://{self.bucket}/{self._step_key(run, step).rstrip('/')}"
 
     def list_steps(self, run: str) -> list[int]:
-        run_prefix = self._run_key(run)
-        candidates = []
-        for item in self.s3.paginate("list_objects_v2", "CommonPrefixes", Prefix=run_prefix, Delimiter="/"):
-            match = _STEP_PREFIX.search(item["Prefix"])
-            if match and item["Prefix"] == f"{run_prefix}step-{match.group(1)}/":
-                candidates.append(int(match.group(1)))
-        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
-            heads = list(pool.map(lambda s: self.s3.head(self._step_key(run, s) + MANIFEST_NAME), candidates))
-        return sorted((s for s, head in zip(candidates, heads, strict=True) if head), reverse=True)
+        return s3_inventory.committed_steps(self.s3, self._run_key(run), self.max_concurrency)
 
     def read_manifest(self, run: str, step: int) -> Manifest | None:
         got = self.s3.get_bytes(self._step_key(run, step) + MANIFEST_NAME)
@@ -217,12 +199,12 @@ class S3Tier:
         if wanted is not None and len(entries) != len(wanted):
             unknown = sorted(wanted - {e.path for e in entries})
             raise ValueError(f"paths not in the manifest of step {manifest.step}: {unknown[:5]}")
-        listed = {o["Key"]: o["Size"] for o in self.s3.paginate("list_objects_v2", "Contents", Prefix=base)}
+        listed = s3_inventory.stored_sizes(self.s3, base)
         tally, stop = _Tally(), threading.Event()
 
         def one(entry: FileEntry, mover: FileMover) -> None:
             key = base + entry.path
-            if listed.get(key) == entry.size and stored_problem(self.s3.head(key), entry) is None:
+            if listed.get(entry.path) == entry.size and stored_problem(self.s3.head(key), entry) is None:
                 tally.add(skipped=1)  # uploaded and proven by an earlier attempt
                 return
             tally.add(files=1, nbytes=mover.upload(key, source / entry.path, entry))
@@ -341,11 +323,7 @@ class S3Tier:
 
     def missing_files(self, manifest: Manifest) -> list[str]:
         """The files of ``manifest`` not yet stored (at their size) under the step's prefix."""
-        base = self._step_key(manifest.run, manifest.step)
-        sizes = {
-            item["Key"][len(base) :]: int(item["Size"])
-            for item in self.s3.paginate("list_objects_v2", "Contents", Prefix=base)
-        }
+        sizes = s3_inventory.stored_sizes(self.s3, self._step_key(manifest.run, manifest.step))
         return [e.path for e in manifest.files if sizes.get(e.path) != e.size]
 
     def read_file(self, run: str, step: int, path: str) -> bytes:
@@ -445,9 +423,8 @@ class S3Tier:
 
     def soft_deleted(self, run: str, step: int) -> list[str]:
         """Trash marker uris of (run, step) not yet purged, oldest first."""
-        prefix = self._step_key(run, step) + MANIFEST_NAME + TRASH_MARK
-        keys = [o["Key"] for o in self.s3.paginate("list_objects_v2", "Contents", Prefix=prefix)]
-        return [f"s3://{self.bucket}/{k}" for k in sorted(keys)]
+        keys = s3_inventory.trash_markers(self.s3, self._step_key(run, step))
+        return [f"s3://{self.bucket}/{k}" for k in keys]
 
     def _trash_key(self, run: str, trash_uri: str) -> tuple[str, int]:
         head = f"s3://{self.bucket}/"
@@ -505,26 +482,10 @@ class S3Tier:
 
     def incomplete_uploads(self) -> list[IncompleteUpload]:
         """Every multipart upload under this tier's prefix not yet completed or aborted."""
-        prefix = f"{self.prefix}/" if self.prefix else ""
-        found = []
-        for upload in list(self.s3.paginate("list_multipart_uploads", "Uploads", Prefix=prefix)):
-            run, step = self._run_step_of(upload["Key"])
-            found.append(IncompleteUpload(upload["Key"], upload["UploadId"], upload["Initiated"], run, step))
-        return found
+        return s3_inventory.incomplete_uploads(self.s3, self.prefix)
 
     def leftover_objects(self, run: str, step: int) -> list[tuple[str, int, datetime]]:
         """(key, size, last modified) of the objects under (run, step) when it has neither a manifest
         (a reader sees nothing) nor a trash marker (retention's soft delete keeps its shards on
         purpose): what an interrupted upload left behind. Empty when committed or soft-deleted."""
-        base = self._step_key(run, step)
-        listed = self.s3.paginate("list_objects_v2", "Contents", Prefix=base)
-        objects = [(o["Key"], int(o["Size"]), o["LastModified"]) for o in listed]
-        names = {key[len(base) :] for key, _, _ in objects}
-        if MANIFEST_NAME in names or any(n.startswith(MANIFEST_NAME + TRASH_MARK) for n in names):
-            return []
-        return objects
-
-    def _run_step_of(self, key: str) -> tuple[str | None, int]:
-        prefix = f"{self.prefix}/" if self.prefix else ""
-        match = re.match(re.escape(prefix) + r"([^/]+)/step-(\d+)/", key)
-        return (match.group(1), int(match.group(2))) if match else (None, -1)
+        return s3_inventory.leftover_objects(self.s3, self._step_key(run, step))

@@ -239,6 +239,57 @@ def adopt_dcp_checkpoint(
     started = time.perf_counter()
     check_run_name(run, "import: run")
     src = Path(os.path.abspath(source))
+    step, root, final = _destination(src, hot_root, step)
+    metadata_bytes, metadata, alternates, merged = read_source_metadata(src)
+    spans = _spans(src, metadata, alternates)
+    if catalog is not None:
+        _check_catalog_free(catalog, run, step)
+    host = host or socket.gethostname()
+    save_id = f"import-{uuid.uuid4().hex[:12]}"
+    root.mkdir(parents=True, exist_ok=True)
+    partial = root / layout.partial_name(step, save_id)
+    partial.mkdir()
+    try:
+        with layout.writer_lock(partial, 0):  # restore's clean-up must not take a live import
+            files = _write_files(src, partial, spans, metadata_bytes)
+            manifest = _manifest(src, run, step, save_id, host, files, metadata, alternates)
+            manifest_json = manifest.to_json()
+            if not publish(partial, final, manifest_json, replace_manifestless=True):
+                raise ImportRefused(f"{final} appeared while importing; pass another step (--step N)")
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    cataloged, catalog_error = False, None
+    if catalog is not None:
+        catalog_error = _record_reporting(catalog, run, root, manifest, manifest_json, str(final), host)
+        cataloged = catalog_error is None
+    used = {f.path for f in files}
+    ignored = sorted(
+        str(p.relative_to(src))
+        for p in src.rglob("*")
+        if p.is_file() and str(p.relative_to(src)) not in used and not _RANK_METADATA.match(p.name)
+    )
+    return ImportReport(
+        run=run,
+        step=step,
+        path=final,
+        files=len(files),
+        bytes=manifest.total_bytes,
+        world_size=manifest.world_size,
+        blocks=sum(len(f.blocks) for f in files),
+        alternates=len(alternates),
+        merged_metadata=merged,
+        manifest_checksum=checksums.checksum_bytes(manifest_json),
+        cataloged=cataloged,
+        seconds=time.perf_counter() - started,
+        ignored=ignored,
+        catalog_error=catalog_error,
+    )
+
+
+def _destination(src: Path, hot_root: str | os.PathLike[str], step: int | None) -> tuple[int, Path, Path]:
+    """(step, hot root, the ``step-N`` to publish) of an import of ``src``: ImportRefused when ``src``
+    is no directory, the step is unknown, negative or already committed, or ``src`` is the target."""
     if not src.is_dir():
         raise ImportRefused(f"{src} is not a directory; pass the directory DCP saved into")
     if step is None:
@@ -259,79 +310,52 @@ def adopt_dcp_checkpoint(
             f"{src} is the directory the import would publish; rename it (e.g. to {final.name}.dcp) "
             "and import from there"
         )
-    metadata_bytes, metadata, alternates, merged = read_source_metadata(src)
-    spans = _spans(src, metadata, alternates)
-    if catalog is not None:
-        _check_catalog_free(catalog, run, step)
-    host = host or socket.gethostname()
-    save_id = f"import-{uuid.uuid4().hex[:12]}"
-    root.mkdir(parents=True, exist_ok=True)
-    partial = root / layout.partial_name(step, save_id)
-    partial.mkdir()
-    try:
-        with layout.writer_lock(partial, 0):  # restore's clean-up must not take a live import
-            files = []
-            for path in sorted(spans):
-                size, crc, blocks = _copy(src, partial, path, spans[path])
-                files.append(FileEntry(path, size, crc, _rank_of(path), 0, blocks))
-            write_file_atomic(partial / METADATA_NAME, metadata_bytes)
-            files.append(
-                FileEntry(METADATA_NAME, len(metadata_bytes), checksums.checksum_bytes(metadata_bytes), 0, 0)
-            )
-            world = 1 + max([_rank_of(f.path) for f in files] + _rank_metadata_ranks(src))
-            manifest = Manifest(
-                run=run,
-                step=step,
-                world_size=world,
-                save_id=save_id,
-                files=tuple(files),
-                versions={
-                    "ckptflow": ckptflow.__version__,
-                    "torch": torch.__version__,
-                    "python": platform.python_version(),
-                    "dcp": str(metadata.version),
-                },
-                created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                nodes=(NodePart(0, host, tuple(range(world))),),
-                alternates=tuple(alternates),
-            )
-            manifest_json = manifest.to_json()
-            if not publish(partial, final, manifest_json, replace_manifestless=True):
-                raise ImportRefused(f"{final} appeared while importing; pass another step (--step N)")
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    cataloged, catalog_error = False, None
-    if catalog is not None:
-        try:
-            _record(catalog, run, root, manifest, manifest_json, str(final), host)
-            cataloged = True
-        except Exception as exc:  # noqa: BLE001 - published already: reported, never half-undone
-            from ckptflow.catalog.redact import redacted  # noqa: PLC0415
+    return step, root, final
 
-            first = (str(exc).splitlines() or [""])[0]
-            catalog_error = f"{type(exc).__name__}: {redacted(first, catalog)}"
-    used = {f.path for f in files}
-    ignored = sorted(
-        str(p.relative_to(src))
-        for p in src.rglob("*")
-        if p.is_file() and str(p.relative_to(src)) not in used and not _RANK_METADATA.match(p.name)
+
+def _write_files(
+    src: Path, partial: Path, spans: dict[str, set[tuple[int, int]]], metadata_bytes: bytes
+) -> list[FileEntry]:
+    """Every data file copied into ``partial`` with its CRCs, then ``.metadata``: the manifest's files."""
+    files = []
+    for path in sorted(spans):
+        size, crc, blocks = _copy(src, partial, path, spans[path])
+        files.append(FileEntry(path, size, crc, _rank_of(path), 0, blocks))
+    write_file_atomic(partial / METADATA_NAME, metadata_bytes)
+    files.append(
+        FileEntry(METADATA_NAME, len(metadata_bytes), checksums.checksum_bytes(metadata_bytes), 0, 0)
     )
-    return ImportReport(
+    return files
+
+
+def _manifest(
+    src: Path,
+    run: str,
+    step: int,
+    save_id: str,
+    host: str,
+    files: list[FileEntry],
+    metadata: Metadata,
+    alternates: list[Alternate],
+) -> Manifest:
+    """The format-2 manifest of the import: one node (node 0, ``host``) holding every rank that
+    wrote the checkpoint (from its data and per-rank metadata file names)."""
+    world = 1 + max([_rank_of(f.path) for f in files] + _rank_metadata_ranks(src))
+    return Manifest(
         run=run,
         step=step,
-        path=final,
-        files=len(files),
-        bytes=manifest.total_bytes,
         world_size=world,
-        blocks=sum(len(f.blocks) for f in files),
-        alternates=len(alternates),
-        merged_metadata=merged,
-        manifest_checksum=checksums.checksum_bytes(manifest_json),
-        cataloged=cataloged,
-        seconds=time.perf_counter() - started,
-        ignored=ignored,
-        catalog_error=catalog_error,
+        save_id=save_id,
+        files=tuple(files),
+        versions={
+            "ckptflow": ckptflow.__version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "dcp": str(metadata.version),
+        },
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        nodes=(NodePart(0, host, tuple(range(world))),),
+        alternates=tuple(alternates),
     )
 
 
@@ -352,6 +376,20 @@ def _check_catalog_free(url: str, run: str, step: int) -> None:
             f"the catalog already records a checkpoint of run {run!r} step {step} (save {live[0].save_id!r}, "
             f"{live[0].state}); pass another step (--step N)"
         )
+
+
+def _record_reporting(
+    url: str, run: str, root: Path, manifest: Manifest, manifest_json: bytes, hot_uri: str, host: str
+) -> str | None:
+    """Record the published import in the catalog; the error in words (password hidden), or None."""
+    try:
+        _record(url, run, root, manifest, manifest_json, hot_uri, host)
+    except Exception as exc:  # noqa: BLE001 - published already: reported, never half-undone
+        from ckptflow.catalog.redact import redacted  # noqa: PLC0415
+
+        first = (str(exc).splitlines() or [""])[0]
+        return f"{type(exc).__name__}: {redacted(first, url)}"
+    return None
 
 
 def _record(

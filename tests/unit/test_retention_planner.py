@@ -550,7 +550,7 @@ def monthly_costs(ref: Ref, gone: set[int]) -> dict[str, float]:
 
 
 def meets_budgets(pol: RetentionPolicy, costs: dict[str, float]) -> bool:
-    tol = 1e-9  # the planner's own tolerance (policy/retention.py _tol): a budget met within it is met
+    tol = 1e-9  # the planner's own tolerance (policy/retention_budget.py _tol): a budget met within it is met
     if pol.budget is not None and sum(costs.values()) > pol.budget.monthly_usd * (1 + tol) + tol:
         return False
     return all(
