@@ -33,6 +33,7 @@ from ckptflow.pipeline.admission import decide_tiers
 from ckptflow.pipeline.leases import HeldLeases, hold
 from ckptflow.pipeline.promote import PromotionError, TierSteps, promote_to_tier
 from ckptflow.pipeline.replicas import replica_states
+from ckptflow.pipeline.rows import RowAction
 from ckptflow.pipeline.tiers import file_batches, load
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica
@@ -98,7 +99,7 @@ def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
         logger.info("%s step %d -> %s: skipped, %s", run, step, skip.tier, skip.reason)
         by_tier[skip.tier] = {
             "tier": skip.tier,
-            "action": "skipped",
+            "action": RowAction.SKIPPED,
             "files": 0,
             "bytes": 0,
             "reason": skip.reason,
@@ -109,7 +110,12 @@ def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
         states = replica_states(catalog, checkpoint_id)
         for tier in colder:
             if states.get(tier) == "deleted":  # retention removed it: copying it back would undo retention
-                by_tier[tier] = {"tier": tier, "action": "deleted by retention", "files": 0, "bytes": 0}
+                by_tier[tier] = {
+                    "tier": tier,
+                    "action": RowAction.DELETED_BY_RETENTION,
+                    "files": 0,
+                    "bytes": 0,
+                }
         wanted = [LeaseKey(run, step, t) for t in colder if t not in by_tier]
         # One writer per colder replica: a second promotion of the step (an event redelivered, a
         # reconcile) skips a tier another promotion holds, and never re-reads warm for nothing.
@@ -117,7 +123,7 @@ def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
             for key, refusal in held.refused.items():
                 by_tier[key.tier] = {
                     "tier": key.tier,
-                    "action": "in progress elsewhere",
+                    "action": RowAction.IN_PROGRESS_ELSEWHERE,
                     "files": 0,
                     "bytes": 0,
                     "detail": str(refusal),
@@ -174,7 +180,7 @@ def _verify_source(
     return [
         {
             "tier": source,
-            "action": "verified",
+            "action": RowAction.VERIFIED,
             "files": 0,
             "bytes": 0,
             "data_s": round(first["seconds"], 3),

@@ -28,6 +28,7 @@ from ckptflow.pipeline.admission import PolicyWanted, policy_for
 from ckptflow.pipeline.lease_cleanup import being_written, still_wanted
 from ckptflow.pipeline.reconcile import missing_tiers, pending_promotions
 from ckptflow.pipeline.retention import reconcile_retention
+from ckptflow.pipeline.rows import RowAction
 from ckptflow.pipeline.tiers import load
 from ckptflow.storage.events import STAGED_EVENT
 from ckptflow.tasks.catalog_tasks import record_replica
@@ -47,7 +48,7 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
     for repair in reconcile_retention(config_path):
         rows.append(
             {
-                "action": "retention repaired",
+                "action": RowAction.RETENTION_REPAIRED,
                 "run": repair.get("run", ""),
                 "step": repair.get("step"),
                 "detail": str(repair.get("detail", repair)),
@@ -77,12 +78,17 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
             try:
                 promote(cp.run, cp.step, config_path)
                 rows.append(
-                    {"action": "promoted", "run": cp.run, "step": cp.step, "detail": "missing replica"}
+                    {
+                        "action": RowAction.PROMOTED,
+                        "run": cp.run,
+                        "step": cp.step,
+                        "detail": "missing replica",
+                    }
                 )
             except Exception as exc:  # noqa: BLE001 - one failure must not stop the others
                 logger.error("promotion of %s step %d failed: %s", cp.run, cp.step, exc)
                 rows.append(
-                    {"action": "promotion failed", "run": cp.run, "step": cp.step, "detail": str(exc)}
+                    {"action": RowAction.PROMOTION_FAILED, "run": cp.run, "step": cp.step, "detail": str(exc)}
                 )
         for event in catalog.undelivered_events(limit=1000):
             if event.kind != STAGED_EVENT:
@@ -90,19 +96,26 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
             if not missing_tiers(event.run, event.step, tiers, colder, wanted):
                 catalog.mark_delivered(event.id)
                 rows.append(
-                    {"action": "outbox delivered", "run": event.run, "step": event.step, "detail": ""}
+                    {"action": RowAction.OUTBOX_DELIVERED, "run": event.run, "step": event.step, "detail": ""}
                 )
             elif being_written(catalog, event.run, event.step):
                 continue  # its promotion is in flight: the event was not missed (looked at next pass)
             elif repost_staged(event.run, event.step, event.payload):
                 catalog.mark_delivered(event.id)
                 rows.append(
-                    {"action": "staged event posted", "run": event.run, "step": event.step, "detail": ""}
+                    {
+                        "action": RowAction.STAGED_EVENT_POSTED,
+                        "run": event.run,
+                        "step": event.step,
+                        "detail": "",
+                    }
                 )
         for tier in colder:
             age = config.promote.stale_upload_age_s if tier == "cold" else config.promote.stale_partial_age_s
             for item in cleanup_tier(config_path, tier, age):
-                rows.append({"action": "cleaned", "run": "", "step": None, "detail": f"{tier}: {item}"})
+                rows.append(
+                    {"action": RowAction.CLEANED, "run": "", "step": None, "detail": f"{tier}: {item}"}
+                )
         for checkpoint in catalog.checkpoints():
             for replica in catalog.replicas(checkpoint.id):
                 if replica.tier == "hot" or replica.state != ReplicaState.READY:
@@ -111,7 +124,7 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
                     record_replica(config_path, checkpoint.id, replica.tier, "lost", reason="files vanished")
                     rows.append(
                         {
-                            "action": "marked lost",
+                            "action": RowAction.MARKED_LOST,
                             "run": checkpoint.run,
                             "step": checkpoint.step,
                             "detail": replica.tier,
@@ -121,7 +134,7 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
         catalog.dispose()
     create_table_artifact(
         key="reconcile",
-        table=rows or [{"action": "nothing to do", "run": "", "step": None, "detail": ""}],
+        table=rows or [{"action": RowAction.NOTHING_TO_DO, "run": "", "step": None, "detail": ""}],
         description=f"reconcile: {len(rows)} actions",
     )
     return rows

@@ -48,6 +48,7 @@ from ckptflow.pipeline.part import (
     record_node_parts,
 )
 from ckptflow.pipeline.replicas import checkpoint_id_of, move_replica, replica_states
+from ckptflow.pipeline.rows import RowAction
 from ckptflow.policy.config import PromoteConfig
 from ckptflow.storage.manifest import Manifest
 from ckptflow.storage.posix_tier import PosixTier
@@ -142,12 +143,12 @@ def promote_node_part(
     Raises :class:`PartPromotionError` when a batch could not be copied (after every batch ended)."""
     if job.tier.read_manifest(job.run, job.step) is not None:
         log.info("%s step %d is already published on %s", job.run, job.step, job.tier.name)
-        return {**job.row(), "action": "already published", "seconds": job.seconds()}
+        return {**job.row(), "action": RowAction.ALREADY_PUBLISHED, "seconds": job.seconds()}
     try:
         holding = node_holding(job.hot, job.run, job.step)
     except NotOnThisNode as exc:
         log.warning("nothing of %s step %d on node %s: %s", job.run, job.step, job.host, exc)
-        return {**job.row(), "action": "nothing on this node", "seconds": job.seconds()}
+        return {**job.row(), "action": RowAction.NOTHING_ON_THIS_NODE, "seconds": job.seconds()}
     # One catalog handle for the whole run: every transaction below reuses its engine and pooled
     # connection (each step opened and disposed an engine of its own before).
     catalog = Catalog.open(job.catalog_url)
@@ -170,7 +171,7 @@ class _PartRun:
     data: DataTime = field(default_factory=DataTime)
     checkpoint_id: int = 0  # the catalog's id of (run, step), found first thing in promote()
 
-    def _done(self, action: str, **extra: Any) -> dict[str, Any]:
+    def _done(self, action: RowAction, **extra: Any) -> dict[str, Any]:
         return {**self.row, **extra, "action": action, "seconds": self.job.seconds()}
 
     def promote(self) -> dict[str, Any]:
@@ -183,7 +184,7 @@ class _PartRun:
                 job.step,
                 target,
             )
-            return self._done("deleted by retention")
+            return self._done(RowAction.DELETED_BY_RETENTION)
         plan = plan_part(self.holding, job.tier)  # only the parts this node holds whole
         by_part = paths_by_part(self.holding.manifest, plan.to_copy)
         keys = {part: LeaseKey(job.run, job.step, target, part) for part in by_part}
@@ -201,7 +202,9 @@ class _PartRun:
                 self.log.info(
                     "%s step %d: every part this node holds is being copied elsewhere", job.run, job.step
                 )
-                return self._done("in progress elsewhere", holders=holders, detail=held.describe_refused())
+                return self._done(
+                    RowAction.IN_PROGRESS_ELSEWHERE, holders=holders, detail=held.describe_refused()
+                )
             mine = [p for part, paths in by_part.items() if held.holds(keys[part]) for p in paths]
             copied, parts = self._copy(mine)
             # Still ours (no other copier wrote these parts meanwhile), and given back, in one write.
@@ -217,7 +220,7 @@ class _PartRun:
         if lacking and job.tier.read_manifest(job.run, job.step) is not None:
             # Another node finished last and published the step between this node's copy and the
             # look: its incoming files moved into the published copy, and none is lacking.
-            return self._done("already published", **self.data.as_row())
+            return self._done(RowAction.ALREADY_PUBLISHED, **self.data.as_row())
         if lacking:
             return {**self._waiting(lacking), **self.data.as_row()}
         return self._publish()
@@ -270,7 +273,7 @@ class _PartRun:
                 ", ".join(asked),
                 after_s,
             )
-        return self._done("part copied", waiting_for=who, **({"catch_up": asked} if asked else {}))
+        return self._done(RowAction.PART_COPIED, waiting_for=who, **({"catch_up": asked} if asked else {}))
 
     def _publish(self) -> dict[str, Any]:
         """Every file arrived: publish the tier's copy (manifest last) under the replica's lease,
@@ -298,7 +301,7 @@ class _PartRun:
             work_uri=job.tier.uri(job.run, job.step),
         ) as held:
             if published():
-                return self._done("already published", **self.data.as_row())
+                return self._done(RowAction.ALREADY_PUBLISHED, **self.data.as_row())
             if not held.holds(key):
                 self.log.warning(
                     "%s step %d: not published by node %s: %s",
@@ -308,7 +311,9 @@ class _PartRun:
                     held.describe_refused(),
                 )
                 return self._done(
-                    "publish in progress elsewhere", **self.data.as_row(), detail=held.describe_refused()
+                    RowAction.PUBLISH_IN_PROGRESS_ELSEWHERE,
+                    **self.data.as_row(),
+                    detail=held.describe_refused(),
                 )
             # No held.check() here: the lease was granted a moment ago, for ttl_s, and leases on a
             # colder tier are never taken over before they expire (only restore forces, on hot).
@@ -323,4 +328,4 @@ class _PartRun:
             target,
             uri,
         )
-        return self._done("published", **self.data.as_row(), uri=uri)
+        return self._done(RowAction.PUBLISHED, **self.data.as_row(), uri=uri)
