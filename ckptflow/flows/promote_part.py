@@ -46,7 +46,7 @@ from ckptflow.tasks.catch_up import ask_for_catch_up
 from ckptflow.tasks.emit import announce_published
 from ckptflow.tasks.replica_tasks import commit_replica, copy_batch
 
-PART_THREADS = 8
+PART_THREADS = 8  # thread-pool size with task_runner: threads
 
 
 @flow(name="promote-part", log_prints=False, **in_memory_result())
