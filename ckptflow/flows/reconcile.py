@@ -28,7 +28,7 @@ from ckptflow.pipeline.admission import PolicyWanted, policy_for
 from ckptflow.pipeline.lease_cleanup import being_written, still_wanted
 from ckptflow.pipeline.reconcile import missing_tiers, pending_promotions
 from ckptflow.pipeline.retention import reconcile_retention
-from ckptflow.pipeline.rows import RowAction
+from ckptflow.pipeline.rows import RowAction, action_row
 from ckptflow.pipeline.tiers import load
 from ckptflow.storage.events import STAGED_EVENT
 from ckptflow.tasks.catalog_tasks import record_replica
@@ -46,13 +46,9 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
     rows: list[dict[str, Any]] = []
     # A retention apply killed mid-way leaves the catalog and a tier disagreeing: repair that first.
     for repair in reconcile_retention(config_path):
+        detail = str(repair.get("detail", repair))
         rows.append(
-            {
-                "action": RowAction.RETENTION_REPAIRED,
-                "run": repair.get("run", ""),
-                "step": repair.get("step"),
-                "detail": str(repair.get("detail", repair)),
-            }
+            action_row(RowAction.RETENTION_REPAIRED, repair.get("run", ""), repair.get("step"), detail)
         )
     catalog = Catalog.open(config.catalog)
     first = config.first_colder_tier()
@@ -77,45 +73,25 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
         for cp in pending[:max_promotions_per_run]:
             try:
                 promote(cp.run, cp.step, config_path)
-                rows.append(
-                    {
-                        "action": RowAction.PROMOTED,
-                        "run": cp.run,
-                        "step": cp.step,
-                        "detail": "missing replica",
-                    }
-                )
+                rows.append(action_row(RowAction.PROMOTED, cp.run, cp.step, "missing replica"))
             except Exception as exc:  # noqa: BLE001 - one failure must not stop the others
                 logger.error("promotion of %s step %d failed: %s", cp.run, cp.step, exc)
-                rows.append(
-                    {"action": RowAction.PROMOTION_FAILED, "run": cp.run, "step": cp.step, "detail": str(exc)}
-                )
+                rows.append(action_row(RowAction.PROMOTION_FAILED, cp.run, cp.step, str(exc)))
         for event in catalog.undelivered_events(limit=1000):
             if event.kind != STAGED_EVENT:
                 continue
             if not missing_tiers(event.run, event.step, tiers, colder, wanted):
                 catalog.mark_delivered(event.id)
-                rows.append(
-                    {"action": RowAction.OUTBOX_DELIVERED, "run": event.run, "step": event.step, "detail": ""}
-                )
+                rows.append(action_row(RowAction.OUTBOX_DELIVERED, event.run, event.step, ""))
             elif being_written(catalog, event.run, event.step):
                 continue  # its promotion is in flight: the event was not missed (looked at next pass)
             elif repost_staged(event.run, event.step, event.payload):
                 catalog.mark_delivered(event.id)
-                rows.append(
-                    {
-                        "action": RowAction.STAGED_EVENT_POSTED,
-                        "run": event.run,
-                        "step": event.step,
-                        "detail": "",
-                    }
-                )
+                rows.append(action_row(RowAction.STAGED_EVENT_POSTED, event.run, event.step, ""))
         for tier in colder:
             age = config.promote.stale_upload_age_s if tier == "cold" else config.promote.stale_partial_age_s
             for item in cleanup_tier(config_path, tier, age):
-                rows.append(
-                    {"action": RowAction.CLEANED, "run": "", "step": None, "detail": f"{tier}: {item}"}
-                )
+                rows.append(action_row(RowAction.CLEANED, "", None, f"{tier}: {item}"))
         for checkpoint in catalog.checkpoints():
             for replica in catalog.replicas(checkpoint.id):
                 if replica.tier == "hot" or replica.state != ReplicaState.READY:
@@ -123,18 +99,13 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
                 if not replica_present(config_path, checkpoint.run, checkpoint.step, replica.tier):
                     record_replica(config_path, checkpoint.id, replica.tier, "lost", reason="files vanished")
                     rows.append(
-                        {
-                            "action": RowAction.MARKED_LOST,
-                            "run": checkpoint.run,
-                            "step": checkpoint.step,
-                            "detail": replica.tier,
-                        }
+                        action_row(RowAction.MARKED_LOST, checkpoint.run, checkpoint.step, replica.tier)
                     )
     finally:
         catalog.dispose()
     create_table_artifact(
         key="reconcile",
-        table=rows or [{"action": RowAction.NOTHING_TO_DO, "run": "", "step": None, "detail": ""}],
+        table=rows or [action_row(RowAction.NOTHING_TO_DO, "", None, "")],
         description=f"reconcile: {len(rows)} actions",
     )
     return rows

@@ -11,6 +11,7 @@ the one list of outcomes a row can have, for code (and people) that act on them.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 
 class RowAction(StrEnum):
@@ -64,3 +65,9 @@ class RowAction(StrEnum):
         among its own rows (``hot retention: deleted``); ValueError for an action that has no such
         member (add one beside the others)."""
         return cls(f"hot retention: {action}")
+
+
+def action_row(action: RowAction, run: str, step: int | None, detail: str) -> dict[str, Any]:
+    """A row of a flow that acts on many checkpoints (``reconcile``, ``node-housekeeping``): what it
+    did, to which (run, step) (``""``, None: to none in particular), and the detail."""
+    return {"action": action, "run": run, "step": step, "detail": detail}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptflow.pipeline.rows import RowAction
+from ckptflow.pipeline.rows import RowAction, action_row
 
 PACKAGE = Path(__file__).resolve().parents[2] / "ckptflow"
 ROW_WRITERS = ("pipeline", "flows", "tasks")  # the code that returns rows and publishes them as artifacts
@@ -48,7 +48,7 @@ def test_no_row_writes_its_action_as_a_plain_string() -> None:
                 written = [v for k, v in zip(node.keys, node.values, strict=True) if _is_text(k, "action")]
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name | ast.Attribute):
                 name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
-                written = node.args[:1] if name in ("_row", "_done") else []
+                written = node.args[:1] if name in ("_row", "_done", "action_row") else []
             plain += [
                 f"{path.relative_to(PACKAGE.parent)}:{v.lineno}"
                 for v in written
@@ -75,3 +75,9 @@ def test_every_action_of_a_nodes_hot_retention_has_its_housekeeping_member() -> 
 
 def _is_text(node: ast.AST | None, text: str) -> bool:
     return isinstance(node, ast.Constant) and node.value == text
+
+
+def test_a_row_of_many_checkpoints_keeps_its_columns_in_order() -> None:
+    row = action_row(RowAction.CLEANED, "", None, "warm: step-3.partial-x")
+    assert list(row) == ["action", "run", "step", "detail"]  # the artifact table's columns, as before
+    assert row == {"action": "cleaned", "run": "", "step": None, "detail": "warm: step-3.partial-x"}
