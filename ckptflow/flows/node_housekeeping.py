@@ -35,6 +35,7 @@ from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.promote_part import promote_part
 from ckptflow.pipeline.node_retention import node_hot_retention
 from ckptflow.pipeline.part import this_host
+from ckptflow.pipeline.rows import RowAction, action_row
 from ckptflow.pipeline.tiers import load
 from ckptflow.storage import layout
 from ckptflow.storage.run_names import check_run_name
@@ -97,7 +98,7 @@ def node_housekeeping(
     late_s = late_by_s()
     if skip_if_late_s is not None and late_s > skip_if_late_s:
         logger.info("started %.0f s after its scheduled time: a newer run is due; nothing done", late_s)
-        return [{"action": "skipped: late", "run": "", "step": None, "detail": f"{late_s:.0f} s late"}]
+        return [action_row(RowAction.SKIPPED_LATE, "", None, f"{late_s:.0f} s late")]
     config_path = pinned_path(config_path, "config_path")
     host = node or this_host()
     config, tiers = load(config_path)
@@ -113,9 +114,9 @@ def node_housekeeping(
             run_dir = hot.run_dir(run)  # type: ignore[attr-defined]
             report = sync_from_root(catalog, str(run_dir), run=run, mark_lost=False)
             if report.created or report.updated:
-                rows.append({"action": "catalog synced", "run": run, "step": None, "detail": str(report)})
+                rows.append(action_row(RowAction.CATALOG_SYNCED, run, None, str(report)))
             for removed in layout.remove_stale_partials(run_dir, config.promote.stale_partial_age_s):
-                rows.append({"action": "cleaned", "run": run, "step": None, "detail": str(removed)})
+                rows.append(action_row(RowAction.CLEANED, run, None, str(removed)))
             foreign = steps_of_another_run(run_dir, report)
             if foreign:
                 step, why = min(foreign.items())
@@ -124,9 +125,7 @@ def node_housekeeping(
                     f"{why}); not promoted: a run's checkpoints belong under {hot.root}/<run name>"  # type: ignore[attr-defined]
                 )
                 logger.warning("%s", detail)
-                rows.append(
-                    {"action": "not this run's checkpoints", "run": run, "step": None, "detail": detail}
-                )
+                rows.append(action_row(RowAction.NOT_THIS_RUNS_CHECKPOINTS, run, None, detail))
             pending = [
                 step
                 for step in layout.committed_steps(run_dir)
@@ -135,22 +134,22 @@ def node_housekeeping(
             for step in pending[:max_promotions]:
                 try:
                     outcome = promote_part(run, step, config_path, host)
-                    rows.append({"action": outcome["action"], "run": run, "step": step, "detail": target})
+                    rows.append(action_row(outcome["action"], run, step, target))
                 except Exception as exc:  # noqa: BLE001 - one failure must not stop the others
                     logger.error("promoting node %s's part of %s step %d failed: %s", host, run, step, exc)
-                    rows.append({"action": "promotion failed", "run": run, "step": step, "detail": str(exc)})
+                    rows.append(action_row(RowAction.PROMOTION_FAILED, run, step, str(exc)))
     finally:
         catalog.dispose()
     try:  # hot-tier retention of this node's own parts, floors per node (pipeline/node_retention.py)
         for row in node_hot_retention(config_path, host):
-            if row["action"] != "hot retention off":
-                rows.append({**row, "action": f"hot retention: {row['action']}"})
+            if row["action"] != RowAction.HOT_RETENTION_OFF:
+                rows.append({**row, "action": RowAction.on_hot_retention(row["action"])})
     except Exception as exc:  # noqa: BLE001 - reported in the artifact; promotion above is done
         logger.error("hot-tier retention on node %s failed: %s", host, exc)
-        rows.append({"action": "hot retention failed", "run": "", "step": None, "detail": str(exc)})
+        rows.append(action_row(RowAction.HOT_RETENTION_FAILED, "", None, str(exc)))
     create_table_artifact(
         key=f"housekeeping-{''.join(c if c.isalnum() else '-' for c in host.lower())}",
-        table=rows or [{"action": "nothing to do", "run": "", "step": None, "detail": ""}],
+        table=rows or [action_row(RowAction.NOTHING_TO_DO, "", None, "")],
         description=f"node {host}: {len(rows)} actions",
     )
     return rows

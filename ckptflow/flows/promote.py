@@ -33,6 +33,7 @@ from ckptflow.pipeline.admission import decide_tiers
 from ckptflow.pipeline.leases import HeldLeases, hold
 from ckptflow.pipeline.promote import PromotionError, TierSteps, promote_to_tier
 from ckptflow.pipeline.replicas import replica_states
+from ckptflow.pipeline.rows import RowAction
 from ckptflow.pipeline.tiers import file_batches, load
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.tasks.catalog_tasks import ensure_checkpoint_row, record_replica
@@ -96,32 +97,22 @@ def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
     by_tier: dict[str, dict[str, Any]] = {}
     for skip in skipped:  # the retention policy would not keep it there: no upload, no early deletion
         logger.info("%s step %d -> %s: skipped, %s", run, step, skip.tier, skip.reason)
-        by_tier[skip.tier] = {
-            "tier": skip.tier,
-            "action": "skipped",
-            "files": 0,
-            "bytes": 0,
-            "reason": skip.reason,
-        }
+        by_tier[skip.tier] = _nothing_copied(skip.tier, RowAction.SKIPPED, reason=skip.reason)
     rows: list[dict[str, Any]] = []
     catalog = Catalog.open(config.catalog)
     try:
         states = replica_states(catalog, checkpoint_id)
         for tier in colder:
             if states.get(tier) == "deleted":  # retention removed it: copying it back would undo retention
-                by_tier[tier] = {"tier": tier, "action": "deleted by retention", "files": 0, "bytes": 0}
+                by_tier[tier] = _nothing_copied(tier, RowAction.DELETED_BY_RETENTION)
         wanted = [LeaseKey(run, step, t) for t in colder if t not in by_tier]
         # One writer per colder replica: a second promotion of the step (an event redelivered, a
         # reconcile) skips a tier another promotion holds, and never re-reads warm for nothing.
         with hold(catalog, wanted, "promote", config.promote.lease_ttl_s) as held:
             for key, refusal in held.refused.items():
-                by_tier[key.tier] = {
-                    "tier": key.tier,
-                    "action": "in progress elsewhere",
-                    "files": 0,
-                    "bytes": 0,
-                    "detail": str(refusal),
-                }
+                by_tier[key.tier] = _nothing_copied(
+                    key.tier, RowAction.IN_PROGRESS_ELSEWHERE, detail=str(refusal)
+                )
                 logger.info("%s step %d -> %s: skipped, %s", run, step, key.tier, refusal)
             mine = [k.tier for k in wanted if held.holds(k)]
             if not (wanted and not mine):
@@ -174,13 +165,18 @@ def _verify_source(
     return [
         {
             "tier": source,
-            "action": "verified",
+            "action": RowAction.VERIFIED,
             "files": 0,
             "bytes": 0,
             "data_s": round(first["seconds"], 3),
             "uri": first["uri"],
         }
     ]
+
+
+def _nothing_copied(tier: str, action: RowAction, **extra: str) -> dict[str, Any]:
+    """The row of a tier this run copied nothing to (``action`` says why)."""
+    return {"tier": tier, "action": action, "files": 0, "bytes": 0, **extra}
 
 
 def _slug(text: str) -> str:

@@ -33,10 +33,10 @@ from ckptflow.pipeline.reconcile import (
     outbox_action,
     ready_colder_replicas,
     retention_repair_rows,
-    row,
     stale_age_s,
 )
 from ckptflow.pipeline.retention import reconcile_retention
+from ckptflow.pipeline.rows import RowAction, action_row
 from ckptflow.pipeline.tiers import load
 from ckptflow.tasks.catalog_tasks import record_replica
 from ckptflow.tasks.emit import repost_staged
@@ -62,30 +62,30 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
         for cp in missed_promotions(catalog, live, tiers, first, colder, wanted)[:max_promotions_per_run]:
             try:
                 promote(cp.run, cp.step, config_path)
-                rows.append(row("promoted", cp.run, cp.step, "missing replica"))
+                rows.append(action_row(RowAction.PROMOTED, cp.run, cp.step, "missing replica"))
             except Exception as exc:  # noqa: BLE001 - one failure must not stop the others
                 logger.error("promotion of %s step %d failed: %s", cp.run, cp.step, exc)
-                rows.append(row("promotion failed", cp.run, cp.step, str(exc)))
+                rows.append(action_row(RowAction.PROMOTION_FAILED, cp.run, cp.step, str(exc)))
         for event in catalog.undelivered_events(limit=1000):
             action = outbox_action(catalog, event, tiers, colder, wanted)
             if action is OutboxAction.DONE:
                 catalog.mark_delivered(event.id)
-                rows.append(row("outbox delivered", event.run, event.step))
+                rows.append(action_row(RowAction.OUTBOX_DELIVERED, event.run, event.step))
             elif action is OutboxAction.REPOST and repost_staged(event.run, event.step, event.payload):
                 catalog.mark_delivered(event.id)
-                rows.append(row("staged event posted", event.run, event.step))
+                rows.append(action_row(RowAction.STAGED_EVENT_POSTED, event.run, event.step))
         for tier in colder:
             for item in cleanup_tier(config_path, tier, stale_age_s(config, tier)):
-                rows.append(row("cleaned", detail=f"{tier}: {item}"))
+                rows.append(action_row(RowAction.CLEANED, detail=f"{tier}: {item}"))
         for checkpoint, tier in ready_colder_replicas(catalog):
             if not replica_present(config_path, checkpoint.run, checkpoint.step, tier):
                 record_replica(config_path, checkpoint.id, tier, "lost", reason="files vanished")
-                rows.append(row("marked lost", checkpoint.run, checkpoint.step, tier))
+                rows.append(action_row(RowAction.MARKED_LOST, checkpoint.run, checkpoint.step, tier))
     finally:
         catalog.dispose()
     create_table_artifact(
         key="reconcile",
-        table=rows or [row("nothing to do")],
+        table=rows or [action_row(RowAction.NOTHING_TO_DO)],
         description=f"reconcile: {len(rows)} actions",
     )
     return rows

@@ -22,6 +22,7 @@ from ckptflow.flows.results import in_memory_result
 from ckptflow.peer import PeerSecret
 from ckptflow.pipeline import replicate as replication_ops
 from ckptflow.pipeline.part import NotOnThisNode, node_holding, this_host
+from ckptflow.pipeline.rows import RowAction
 from ckptflow.pipeline.tiers import load
 from ckptflow.storage.run_names import check_run_name
 
@@ -59,7 +60,7 @@ def replicate_part(run: str, step: int, config_path: str, node: str | None = Non
         node_holding(tiers["hot"], run, step)  # type: ignore[arg-type]
     except NotOnThisNode as exc:
         logger.warning("nothing of %s step %d on node %s to replicate: %s", run, step, host, exc)
-        return {**row, "action": "nothing on this node", "copies": []}
+        return {**row, "action": RowAction.NOTHING_ON_THIS_NODE, "copies": []}
     copies = push_to_peers(config_path, run, step, host)
     for c in copies:
         logger.info(
@@ -73,7 +74,7 @@ def replicate_part(run: str, step: int, config_path: str, node: str | None = Non
         )
     return {
         **row,
-        "action": "replicated",
+        "action": RowAction.REPLICATED,
         "copies": copies,
         "seconds": round(time.perf_counter() - started, 3),
     }

@@ -16,6 +16,7 @@ from prefect.artifacts import create_table_artifact
 
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.pipeline.retention import plan_table, tier_table
+from ckptflow.pipeline.rows import RowAction
 from ckptflow.tasks.retention_tasks import emit_over_budget, reconcile_retention_task, retention_task
 
 
@@ -45,7 +46,7 @@ def apply_retention(
         create_table_artifact(
             key="retention-actions",
             table=[{k: r.get(k) for k in ("action", "run", "step", "tier", "uri", "detail")} for r in done]
-            or [{"action": "nothing to do"}],
+            or [{"action": RowAction.NOTHING_TO_DO}],
             description=f"{len(report.soft_deleted)} soft-deleted, {len(report.purged)} purged",
         )
     if plan.over_budget:

@@ -29,6 +29,7 @@ from ckptflow.catalog.models import utcnow
 from ckptflow.pipeline.admission import policy_for
 from ckptflow.pipeline.part import NotOnThisNode, node_holding
 from ckptflow.pipeline.retention import plan_now
+from ckptflow.pipeline.rows import RowAction
 from ckptflow.pipeline.tiers import load
 from ckptflow.storage import layout
 from ckptflow.storage.posix_tier import PosixTier
@@ -50,7 +51,7 @@ def newest_complete(hot: PosixTier, run: str, host: str) -> int | None:
     return None
 
 
-def _row(action: str, run: str, step: int, host: str, detail: str) -> dict[str, Any]:
+def _row(action: RowAction, run: str, step: int, host: str, detail: str) -> dict[str, Any]:
     return {"action": action, "run": run, "step": step, "node": host, "detail": detail}
 
 
@@ -61,7 +62,7 @@ def node_hot_retention(
     node's trash past the grace period. One row per decision (deleted, kept and why, purged)."""
     policy, problem = policy_for(config_path)
     if policy is None or policy.tiers.get("hot") is None:
-        return [_row("hot retention off", "", -1, host, problem or "no hot tier in retention.yaml")]
+        return [_row(RowAction.HOT_RETENTION_OFF, "", -1, host, problem or "no hot tier in retention.yaml")]
     at = now or utcnow()
     config, tiers = load(config_path)
     hot = tiers["hot"]
@@ -89,11 +90,17 @@ def node_hot_retention(
                     continue
                 why = _node_floor(hot, first, run, step, keep_newest, override)
                 if why is not None:
-                    rows.append(_row("kept", run, step, host, why))
+                    rows.append(_row(RowAction.KEPT, run, step, host, why))
                     continue
                 if not apply:
                     rows.append(
-                        _row("would delete", run, step, host, deletion.detail if deletion else "deleted")
+                        _row(
+                            RowAction.WOULD_DELETE,
+                            run,
+                            step,
+                            host,
+                            deletion.detail if deletion else "deleted",
+                        )
                     )
                     continue
                 rows.append(
@@ -130,7 +137,11 @@ def _delete_part(
 ) -> dict[str, Any]:
     if already:  # another node recorded it (its audit row holds the reason): delete this node's part
         return _row(
-            "deleted", run, step, host, f"{hot.soft_delete(run, step)} (the replica was already deleted)"
+            RowAction.DELETED,
+            run,
+            step,
+            host,
+            f"{hot.soft_delete(run, step)} (the replica was already deleted)",
         )
     facts = AuditFacts(
         plan.policy_hash, deletion.rule_or_reason, f"{deletion.detail}; first part: node {host}",
@@ -140,8 +151,8 @@ def _delete_part(
         int(facts_row["replica_id"]), partial(hot.soft_delete, run, step), facts, at
     )
     if trash is None:
-        return _row("kept", run, step, host, f"{held} (since the plan was made)")
-    return _row("deleted", run, step, host, trash)
+        return _row(RowAction.KEPT, run, step, host, f"{held} (since the plan was made)")
+    return _row(RowAction.DELETED, run, step, host, trash)
 
 
 def _purge_own_trash(
@@ -152,5 +163,5 @@ def _purge_own_trash(
         if soft.tier != "hot" or (at - soft.at).total_seconds() < grace_s:
             continue
         for uri in hot.purge(soft.run, soft.step):  # this node's trash of that step; idempotent
-            rows.append(_row("purged", soft.run, soft.step, host, uri))
+            rows.append(_row(RowAction.PURGED, soft.run, soft.step, host, uri))
     return rows

@@ -4,8 +4,8 @@ first colder tier still lacks, and who it is waiting for. No Prefect here.
 With node-local hot storage only the node that holds a part can read it, so each node's agent copies
 what it holds and the tier lacks (its own part; ``.metadata``; a part it fetched back after a
 replacement), and the copy that completes the set publishes the checkpoint on that tier (manifest
-last, one committer at a time: see :mod:`ckptflow.storage.parts`). Which node owns what comes from
-the manifest's ``nodes``; which files a node holds comes from its own disk, never from anyone else's.
+last, one committer at a time: :mod:`.part_job` runs these). Which node owns what comes from the
+manifest's ``nodes``; which files a node holds comes from its own disk, never from anyone else's.
 """
 
 from __future__ import annotations

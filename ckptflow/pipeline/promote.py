@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ckptflow.pipeline.rows import RowAction
+
 
 class PromotionError(RuntimeError):
     """A replica could not be made and verified; the copy it was made from is untouched."""
@@ -72,7 +74,7 @@ def promote_to_tier(
         steps.record(config_path, checkpoint_id, tier, "ready", uri=existing["uri"], bytes=existing["bytes"])
         return {
             "tier": tier,
-            "action": "already verified",
+            "action": RowAction.ALREADY_VERIFIED,
             "files": 0,
             "bytes": 0,
             "data_s": round(verified_s, 3),
@@ -91,7 +93,7 @@ def promote_to_tier(
     steps.record(config_path, checkpoint_id, tier, "ready", uri=uri, bytes=report["bytes"])
     return {
         "tier": tier,
-        "action": "copied",
+        "action": RowAction.COPIED,
         "files": sum(c["files"] for c in copied),
         "bytes": sum(c["bytes"] for c in copied),
         "data_s": round(

@@ -20,6 +20,7 @@ from typing import Any
 
 from ckptflow.catalog import LIVE_STATES, Catalog, Checkpoint, OutboxEvent, ReplicaState
 from ckptflow.pipeline.lease_cleanup import being_written, still_wanted
+from ckptflow.pipeline.rows import RowAction, action_row
 from ckptflow.policy.config import CkptflowConfig
 from ckptflow.storage.events import STAGED_EVENT
 from ckptflow.storage.tier import Tier
@@ -31,17 +32,15 @@ def _everywhere(run: str, step: int, tier: str) -> bool:
     return True
 
 
-def row(action: str, run: str = "", step: int | None = None, detail: str = "") -> dict[str, Any]:
-    """One line of reconcile's report (its return value and its table artifact)."""
-    return {"action": action, "run": run, "step": step, "detail": detail}
-
-
 def retention_repair_rows(repairs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The report's rows for the repairs of a retention apply killed mid-way
     (:func:`ckptflow.pipeline.retention.reconcile_retention`)."""
     return [
-        row(
-            "retention repaired", repair.get("run", ""), repair.get("step"), str(repair.get("detail", repair))
+        action_row(
+            RowAction.RETENTION_REPAIRED,
+            repair.get("run", ""),
+            repair.get("step"),
+            str(repair.get("detail", repair)),
         )
         for repair in repairs
     ]

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptflow.catalog import AuditFacts, Catalog, DeletionPhase, ReplicaState
 from ckptflow.catalog.models import utcnow
+from ckptflow.pipeline.rows import RowAction
 from ckptflow.pipeline.tiers import load
 from ckptflow.policy.config import CkptflowConfig
 from ckptflow.policy.retention_schema import RetentionPolicy, load_retention_policy, policy_hash
@@ -163,19 +164,23 @@ def reconcile_retention(config_path: str) -> list[dict[str, Any]]:
                         continue  # vanished without retention: `reconcile` marks it lost
                     facts = AuditFacts("unknown", "recovered", RECOVERED_REASON, 0.0, "reconcile")
                     if catalog.record_soft_deleted(replica.id, trash[-1], facts):  # type: ignore[arg-type]
-                        rows.append(_row("recorded soft delete", cp.run, cp.step, replica.tier, trash[-1]))
+                        rows.append(
+                            _row(RowAction.RECORDED_SOFT_DELETE, cp.run, cp.step, replica.tier, trash[-1])
+                        )
                 elif replica.state == ReplicaState.DELETED and visible and replica.id in audited:
                     trash_uri = tier.soft_delete(cp.run, cp.step)  # type: ignore[attr-defined]
                     from ckptflow.catalog.retention_rows import set_trash_uri  # noqa: PLC0415
 
                     set_trash_uri(catalog, replica.id, trash_uri)  # type: ignore[arg-type]
-                    rows.append(_row("finished soft delete", cp.run, cp.step, replica.tier, trash_uri))
+                    rows.append(
+                        _row(RowAction.FINISHED_SOFT_DELETE, cp.run, cp.step, replica.tier, trash_uri)
+                    )
     finally:
         catalog.dispose()
     return rows
 
 
-def _row(action: str, run: str, step: int, tier: str, detail: str) -> dict[str, Any]:
+def _row(action: RowAction, run: str, step: int, tier: str, detail: str) -> dict[str, Any]:
     return {"action": action, "run": run, "step": step, "tier": tier, "detail": detail}
 
 
@@ -194,12 +199,16 @@ def _soft_delete_all(
         key = (deletion.run, deletion.step, deletion.tier)
         tier = tiers.get(deletion.tier)
         if tier is None or key not in live.index:
-            report.skipped.append(_row("skipped", *key, "tier not configured or replica not in catalog"))
+            report.skipped.append(
+                _row(RowAction.SKIPPED, *key, "tier not configured or replica not in catalog")
+            )
             continue
         facts_row = live.loc[key]
         if _visible_save_id(tier, deletion.run, deletion.step) != facts_row["save_id"]:
             # Not there, or a different save of the step: never delete what the plan did not see.
-            report.skipped.append(_row("skipped", *key, "not visible on its tier with the planned save"))
+            report.skipped.append(
+                _row(RowAction.SKIPPED, *key, "not visible on its tier with the planned save")
+            )
             continue
         facts = AuditFacts(
             plan.policy_hash, deletion.rule_or_reason, deletion.detail, deletion.monthly_usd_saved, plan_id
@@ -214,10 +223,10 @@ def _soft_delete_all(
             None if between is None else partial(between, deletion),
         )
         if trash_uri is None:
-            report.skipped.append(_row("skipped", *key, f"{held} (since the plan was made)"))
+            report.skipped.append(_row(RowAction.SKIPPED, *key, f"{held} (since the plan was made)"))
             continue
         report.soft_deleted.append(
-            {"action": "soft_deleted", **deletion._asdict(), "uri": trash_uri, "plan_id": plan_id}
+            {"action": RowAction.SOFT_DELETED, **deletion._asdict(), "uri": trash_uri, "plan_id": plan_id}
         )
 
 
@@ -234,7 +243,7 @@ def _purge_due(
             continue
         tier.purge(soft.run, soft.uri)  # type: ignore[attr-defined]  # idempotent
         if catalog.record_purged(soft, plan_id):
-            done.append(_row("purged", soft.run, soft.step, soft.tier, soft.uri))
+            done.append(_row(RowAction.PURGED, soft.run, soft.step, soft.tier, soft.uri))
     return done
 
 

@@ -32,6 +32,8 @@ import random
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +43,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+from ckptflow.pipeline.part_job import CopiedBatches, PartJob, PartSteps, promote_node_part
 from ckptflow.storage import layout
-from ckptflow.storage.parts import promote_part
+from ckptflow.storage.manifest import Manifest, read_manifest
 from ckptflow.storage.posix_tier import PosixTier
+from ckptflow.storage.tier import TierError
 from ckptflow.training_hooks import Cadence, Checkpointer, CheckpointOptions, ModelState, RNGState
 
 ROWS, COLS = 12, 6  # the sharded table: 12 rows split over 4 ranks (3 each), over 6 (2) or 1
@@ -196,6 +200,34 @@ def flip_bit(path: Path, fraction: float = 0.5) -> None:
     path.write_bytes(bytes(data))
 
 
+def promote_to_warm(hot: PosixTier, warm: PosixTier, run: str, step: int, catalog_url: str) -> bool:
+    """This node's part of (run, step) to warm as a node's agent promotes it (leases per part, the
+    last node publishes: pipeline/part_job.py), its steps done here in place of the flow's tasks (no
+    Prefect in this job: nothing announced, nobody asked to catch up). True once warm shows it
+    published."""
+    source = hot.path(run, step)
+
+    @contextmanager
+    def copy(run: str, step: int, tier: str, manifest: Manifest, paths: list[str]) -> Iterator[CopiedBatches]:
+        done = CopiedBatches()
+        yield done
+        try:
+            result = warm.put_files(source, manifest, paths)
+            done.copied.append({"files": result.files, "bytes": result.bytes, "seconds": result.seconds})
+        except TierError as exc:
+            done.failed.append(exc)
+
+    def commit(run: str, step: int, tier: str) -> str:
+        return warm.commit(source, read_manifest(source), files_checked=True).uri
+
+    def no_catch_up(manifest: Manifest, lacking: list[str], after_s: float, *rest: Any) -> list[str]:
+        return []
+
+    steps = PartSteps(copy=copy, commit=commit, announce=lambda *args: None, ask_for_catch_up=no_catch_up)
+    row = promote_node_part(PartJob(run, step, socket.gethostname(), warm, hot, catalog_url), steps)
+    return row["action"] in ("published", "already published")
+
+
 # --- scenarios ----------------------------------------------------------------------------------
 
 
@@ -234,8 +266,11 @@ def scenario_train(args: argparse.Namespace, node: int) -> dict[str, Any]:
             hook.current = step + 1
         if ckpt.maybe_save(step + 1, state) and step + 1 in args.promote:
             ckpt.wait()
-            if ckpt.topology.is_leader:
-                promoted.append(promote_part(ckpt.root / layout.committed_name(step + 1), warm).published)
+            if ckpt.topology.is_leader:  # one catalog for the job's leases, as a deployment's would be
+                catalog_url = f"sqlite:///{Path(args.out) / 'catalog.db'}"
+                promoted.append(
+                    promote_to_warm(PosixTier("hot", ckpt.root.parent), warm, args.run, step + 1, catalog_url)
+                )
             dist.barrier()
     ckpt.close()
     return {

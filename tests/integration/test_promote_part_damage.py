@@ -24,7 +24,8 @@ def made(pipeline_bench: Bench, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def test_a_damaged_hot_file_fails_its_part_and_never_reaches_warm(made: Bench) -> None:
-    from ckptflow.flows.promote_part import PartPromotionError, promote_part
+    from ckptflow.flows.promote_part import promote_part
+    from ckptflow.pipeline.part_job import PartPromotionError
 
     save_checkpoint(made, "dmg", 1, mib=2)
     step_dir = Path(made.body["tiers"]["hot"]["root"]) / "dmg" / "step-1"

@@ -6,6 +6,10 @@ the run must report the step published, not wait for (and ask Prefect about) par
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,24 +25,36 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_a_step_published_by_the_other_node_right_after_this_copy_is_reported_published(
-    tmp_path: Path, shared_prefect: PrefectServer, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, shared_prefect: PrefectServer
 ) -> None:
-    import ckptflow.flows.promote_part as promote_part_module
-    from ckptflow.flows.promote_part import promote_part
+    from prefect import flow, get_run_logger
+
+    from ckptflow.flows.promote_part import part_job, part_steps
+    from ckptflow.pipeline.part_job import CopiedBatches, promote_node_part
 
     configs = build_two_node_world(tmp_path)  # step 5: host-a holds its part, warm has none of it
     whole = tmp_path / "whole" / "step-5"
     warm = PosixTier("warm", tmp_path / "warm")
-    copy = promote_part_module._PartJob._copy
+    config_path = str(configs["host-a"])
 
-    def copy_then_the_other_node_publishes(self: Any, *args: Any) -> Any:
-        done = copy(self, *args)
-        # host-b, last to finish, copies its part and publishes the step (manifest last, rename).
-        warm.put(whole, read_manifest(whole))
-        return done
+    # promote-part's own composition, its copy step wrapped: the flow's steps, passed in.
+    @flow(name="promote-part")
+    def promote_part(run: str, step: int, node: str) -> dict[str, Any]:
+        job, config = part_job(run, step, config_path, node, time.perf_counter())
+        steps = part_steps(config_path, config)
 
-    monkeypatch.setattr(promote_part_module._PartJob, "_copy", copy_then_the_other_node_publishes)
-    row = promote_part(RUN, 5, str(configs["host-a"]), "host-a")
+        @contextmanager
+        def copy_then_the_other_node_publishes(*args: Any) -> Iterator[CopiedBatches]:
+            with steps.copy(*args) as done:
+                yield done
+            # host-b, last to finish, copies its part and publishes the step (manifest last, rename).
+            warm.put(whole, read_manifest(whole))
+
+        return promote_node_part(
+            job, replace(steps, copy=copy_then_the_other_node_publishes), get_run_logger()
+        )
+
+    row = promote_part(RUN, 5, "host-a")
     assert row["action"] == "already published", row
     assert "waiting_for" not in row and "catch_up" not in row
     assert row["files"] == 1  # host-a did copy its own part

@@ -16,9 +16,9 @@ from ckptflow.pipeline.reconcile import (
     pending_promotions,
     ready_colder_replicas,
     retention_repair_rows,
-    row,
     stale_age_s,
 )
+from ckptflow.pipeline.rows import RowAction, action_row
 from ckptflow.policy.config import CkptflowConfig
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest
@@ -201,7 +201,12 @@ def test_stale_age_is_the_upload_age_on_cold_and_the_partial_age_elsewhere() -> 
 
 
 def test_report_rows() -> None:
-    assert row("nothing to do") == {"action": "nothing to do", "run": "", "step": None, "detail": ""}
+    assert action_row(RowAction.NOTHING_TO_DO) == {
+        "action": "nothing to do",
+        "run": "",
+        "step": None,
+        "detail": "",
+    }
     repairs = [{"run": "r", "step": 7, "detail": "marked deleted"}, {"what": "odd"}]
     assert retention_repair_rows(repairs) == [
         {"action": "retention repaired", "run": "r", "step": 7, "detail": "marked deleted"},
