@@ -15,7 +15,7 @@ from ckptflow.training_hooks.cluster.nodes import NodeTopologyError, Topology
 from ckptflow.training_hooks.ddp import ddp_for_exact_resume
 from ckptflow.training_hooks.loaders import resumable_loader
 from ckptflow.training_hooks.options import CheckpointOptions
-from ckptflow.training_hooks.restore.attempts import CheckpointLoadError, RestoreReport
+from ckptflow.training_hooks.restore.context import CheckpointLoadError, RestoreReport
 from ckptflow.training_hooks.save.job import SaveStats
 from ckptflow.training_hooks.stateful import (
     DataPosition,

@@ -49,7 +49,7 @@ from ckptflow.storage.manifest import (
 from ckptflow.storage.publish import publish
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.training_hooks.commit.record import committed_record
-from ckptflow.training_hooks.save.writer import UnsafeCheckpointError, load_metadata_safely
+from ckptflow.training_hooks.restore.reader import UnsafeCheckpointError, load_metadata_safely
 
 _DATA_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")  # what DCP's FileSystemWriter names rank r's files
 _RANK_METADATA = re.compile(r"^__(\d+)\.metadata$")  # use_collectives=False: one per rank

@@ -45,8 +45,8 @@ from ckptflow.training_hooks.commit.catalog_handle import CatalogHandle
 from ckptflow.training_hooks.commit.record import committed_record, save_time_hosts
 from ckptflow.training_hooks.loaders import check_loaders
 from ckptflow.training_hooks.options import CheckpointOptions
-from ckptflow.training_hooks.restore.attempts import RestoreContext, RestoreReport
 from ckptflow.training_hooks.restore.attempts import restore as restore_state
+from ckptflow.training_hooks.restore.context import RestoreContext, RestoreReport
 from ckptflow.training_hooks.restore.reader import ReadHook
 from ckptflow.training_hooks.restore.sources import PeerAccess, peer_access
 from ckptflow.training_hooks.save.job import SaveJob, SaveStats, run_save_job

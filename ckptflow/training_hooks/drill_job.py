@@ -33,7 +33,7 @@ import torch.distributed as dist
 from ckptflow.training_hooks.checkpointer import Checkpointer
 from ckptflow.training_hooks.cluster import ranks
 from ckptflow.training_hooks.options import CheckpointOptions
-from ckptflow.training_hooks.restore.attempts import CheckpointLoadError
+from ckptflow.training_hooks.restore.context import CheckpointLoadError
 
 
 class DrillJobError(Exception):

@@ -32,7 +32,7 @@ from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
 from ckptflow.storage.verify import verify_checkpoint
 from ckptflow.training_hooks import Checkpointer
 from ckptflow.training_hooks.adopt import ImportRefused, adopt_dcp_checkpoint
-from ckptflow.training_hooks.save.writer import load_metadata_safely
+from ckptflow.training_hooks.restore.reader import load_metadata_safely
 
 pytestmark = [
     pytest.mark.slow,

@@ -21,14 +21,13 @@ from ckptflow.storage import checksums
 from ckptflow.storage.layout import METADATA_NAME
 from ckptflow.storage.manifest import MANIFEST_NAME, content_digest, read_manifest
 from ckptflow.training_hooks import Checkpointer, DataPosition, ModelState
-from ckptflow.training_hooks.save.writer import (
-    ChecksummingFileSystem,
+from ckptflow.training_hooks.restore.reader import (
     SafeFileSystemReader,
     SafeLoadPlanner,
     UnsafeCheckpointError,
     load_metadata_safely,
-    make_writer,
 )
+from ckptflow.training_hooks.save.writer import ChecksummingFileSystem, make_writer
 
 # DCP warns that it loads in a single process when no process group exists; that is the intent here.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")

@@ -12,18 +12,16 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ckptflow.peer import PartId
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import FileEntry, Manifest
 from ckptflow.storage.tier import Tier, TierError
 from ckptflow.training_hooks.cluster.rounds import StoreRound, exchange
+from ckptflow.training_hooks.restore.context import RestoreContext, RestoreReport
 from ckptflow.training_hooks.restore.inventory import NodeInventory, StepHolding
 from ckptflow.training_hooks.restore.sources import PeerPartSource
-
-if TYPE_CHECKING:
-    from ckptflow.training_hooks.restore.attempts import RestoreContext, RestoreReport
 
 log = logging.getLogger("ckptflow.restore")
 

@@ -1,41 +1,27 @@
-"""torch.distributed.checkpoint storage glue: checksums while writing, no arbitrary unpickling on load.
+"""The write half of the torch.distributed.checkpoint storage glue: checksums while writing.
 
 DCP writes each data file through ``FileSystem.create_stream``; wrapping that stream in a
 :class:`~ckptflow.storage.checksums.ChecksummingWriter` yields one CRC64NVME per file from the bytes
-as they pass, with ``tell()`` and ``fileno()`` intact for DCP's offsets and fsync.
-
-DCP's own reader unpickles ``.metadata`` and loads non-tensor values with ``weights_only=False``.
-Here ``.metadata`` is unpickled by an allow-list unpickler (only DCP's metadata dataclasses, torch
-dtypes/sizes, and the ``pathlib.PosixPath`` stock DCP stores as ``StorageMeta.checkpoint_id``), and
-every value is loaded with ``weights_only=True``: a checkpoint cannot run code.
+as they pass, with ``tell()`` and ``fileno()`` intact for DCP's offsets and fsync. (The read half,
+which never unpickles arbitrary objects, is :mod:`ckptflow.training_hooks.restore.reader`.)
 """
 
 from __future__ import annotations
 
 import io
 import os
-import pathlib
-import pickle
 import threading
-from collections import OrderedDict
 from collections.abc import Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import (
     FileSystem,
-    FileSystemReader,
     FileSystemWriter,
     _StorageInfo,
 )
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.storage import WriteResult
 
 from ckptflow.storage.checksums import ChecksummingWriter
@@ -142,81 +128,3 @@ def make_writer(directory: Path, write_hook: Any = None) -> tuple[FileSystemWrit
 
 
 # --- safe loading -------------------------------------------------------------------------------
-
-_ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
-    ("torch.distributed.checkpoint.metadata", name): getattr(dcp_metadata, name)
-    for name in (
-        "Metadata",
-        "TensorStorageMetadata",
-        "BytesStorageMetadata",
-        "ChunkStorageMetadata",
-        "TensorProperties",
-        "MetadataIndex",
-        "StorageMeta",
-        "_MEM_FORMAT_ENCODING",
-    )
-}
-_ALLOWED_GLOBALS[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = _StorageInfo
-_ALLOWED_GLOBALS[("torch", "Size")] = torch.Size
-# torch pickles a layout as a call of this lookup-by-name function (it maps "torch.strided" to the
-# layout object and nothing else), so it is safe to allow.
-_ALLOWED_GLOBALS[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
-_ALLOWED_GLOBALS[("collections", "OrderedDict")] = OrderedDict
-# Stock DCP's FileSystemWriter stores StorageMeta.checkpoint_id as the Path it wrote to. A PosixPath
-# is built from its parts (strings) and runs nothing; Python 3.11 pickles it as pathlib.PosixPath,
-# 3.13 as pathlib._local.PosixPath.
-_ALLOWED_GLOBALS[("pathlib", "PosixPath")] = pathlib.PosixPath
-_ALLOWED_GLOBALS[("pathlib._local", "PosixPath")] = pathlib.PosixPath
-_TORCH_ENUM_TYPES = (torch.dtype, torch.layout, torch.memory_format)
-
-
-class UnsafeCheckpointError(pickle.UnpicklingError):
-    """A checkpoint's metadata references something other than plain checkpoint metadata."""
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = _ALLOWED_GLOBALS.get((module, name))
-        if allowed is not None:
-            return allowed
-        if module == "torch":
-            value = getattr(torch, name, None)
-            if isinstance(value, _TORCH_ENUM_TYPES):
-                return value
-        raise UnsafeCheckpointError(
-            f"refusing to unpickle {module}.{name}: checkpoint metadata may only contain DCP metadata types"
-        )
-
-
-def load_metadata_safely(data: bytes) -> Metadata:
-    """Unpickle DCP ``.metadata`` bytes with an allow-list; raise UnsafeCheckpointError otherwise."""
-    metadata = _MetadataUnpickler(io.BytesIO(data)).load()
-    if not isinstance(metadata, Metadata):
-        raise UnsafeCheckpointError(f".metadata holds a {type(metadata).__name__}, expected Metadata")
-    return metadata
-
-
-class SafeFileSystemReader(FileSystemReader):
-    """DCP reader whose metadata is unpickled through an allow-list.
-
-    ``read_metadata(rank=r)`` reads ``__<r>.metadata``, what a ``use_collectives=False`` save wrote
-    for rank ``r`` (``dcp.load`` asks for it when there is no ``.metadata``)."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = Path(self._get_metadata_path(kwargs.get("rank")))
-        metadata = load_metadata_safely(path.read_bytes())
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id  # type: ignore[union-attr]
-        return metadata
-
-
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """DefaultLoadPlanner that loads non-tensor values with ``weights_only=True``."""
-
-    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
