@@ -10,12 +10,13 @@ exact), the job's :class:`Topology` (nodes and their ranks), and the errors
 """
 
 from ckptflow.training_hooks.cadence import Cadence
-from ckptflow.training_hooks.checkpointer import Checkpointer, CheckpointerStats, CheckpointSaveError
-from ckptflow.training_hooks.cluster.nodes import NodeTopologyError, Topology
+from ckptflow.training_hooks.checkpointer import Checkpointer
+from ckptflow.training_hooks.cluster.nodes import Topology
 from ckptflow.training_hooks.ddp import ddp_for_exact_resume
+from ckptflow.training_hooks.errors import CheckpointLoadError, CheckpointSaveError, NodeTopologyError
 from ckptflow.training_hooks.loaders import resumable_loader
 from ckptflow.training_hooks.options import CheckpointOptions
-from ckptflow.training_hooks.restore.context import CheckpointLoadError, RestoreReport
+from ckptflow.training_hooks.restore.context import RestoreReport
 from ckptflow.training_hooks.save.job import SaveStats
 from ckptflow.training_hooks.stateful import (
     DataPosition,
@@ -24,6 +25,7 @@ from ckptflow.training_hooks.stateful import (
     RNGState,
     SchedulerState,
 )
+from ckptflow.training_hooks.stats import CheckpointerStats
 
 __all__ = [
     "Cadence",

@@ -16,86 +16,40 @@ ckpt.close()                         # drains the save in flight, re-raises its 
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
-
 from ckptflow.policy.config import load_config
 from ckptflow.storage import layout
-from ckptflow.storage.events import STAGED_EVENT, node_resources
 from ckptflow.storage.from_config import build_tiers
-from ckptflow.storage.manifest import MANIFEST_NAME, Manifest, finite_metrics, parse_manifest
+from ckptflow.storage.manifest import MANIFEST_NAME, finite_metrics
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.tier import Tier
 from ckptflow.training_hooks.cadence import Cadence, CadenceMode
 from ckptflow.training_hooks.cluster import nodes, ranks
 from ckptflow.training_hooks.cluster.coord_store import CoordinationStore, open_store
 from ckptflow.training_hooks.cluster.nodes import Topology
-from ckptflow.training_hooks.commit.announce import EventPoster, build_event
+from ckptflow.training_hooks.commit.announce import EventPoster
 from ckptflow.training_hooks.commit.catalog_handle import CatalogHandle
-from ckptflow.training_hooks.commit.record import committed_record, save_time_hosts
+from ckptflow.training_hooks.errors import CheckpointSaveError
 from ckptflow.training_hooks.loaders import check_loaders
 from ckptflow.training_hooks.options import CheckpointOptions
 from ckptflow.training_hooks.restore.attempts import restore as restore_state
-from ckptflow.training_hooks.restore.context import RestoreContext, RestoreReport
+from ckptflow.training_hooks.restore.catalog_side import RestoreCatalogSide
+from ckptflow.training_hooks.restore.context import RestoreContext
+from ckptflow.training_hooks.restore.load import fresh_optimizers
 from ckptflow.training_hooks.restore.reader import ReadHook
 from ckptflow.training_hooks.restore.sources import PeerAccess, peer_access
 from ckptflow.training_hooks.save.job import SaveJob, SaveStats, run_save_job
-from ckptflow.training_hooks.save.planner import NodeLocalSavePlanner
+from ckptflow.training_hooks.save.planner import plan_save
 from ckptflow.training_hooks.save.staging import HostStager
+from ckptflow.training_hooks.stats import CheckpointerStats
 
 log = logging.getLogger("ckptflow.checkpointer")
-
-
-class CheckpointSaveError(RuntimeError):
-    """Background saves failed; raised by ``wait()``/``close()`` (and logged when each happened).
-
-    The message lists every failure since the last raise; ``__cause__`` is the first, ``errors``
-    holds them all."""
-
-    def __init__(self, message: str, errors: Sequence[BaseException] = ()) -> None:
-        super().__init__(message)
-        self.errors = list(errors)
-
-
-@dataclass
-class CheckpointerStats:
-    """Counters over the life of a Checkpointer, and the most recent saves."""
-
-    saves_started: int = 0
-    committed: int = 0
-    abandoned: int = 0
-    failed: int = 0
-    skipped_busy: int = 0
-    skipped_existing: int = 0
-    # Committed saves whose catalog write or staged event failed afterwards (each logged; the
-    # checkpoint is committed all the same): see SaveStats.after_commit_errors.
-    after_commit_errors: int = 0
-    history: deque[SaveStats] = field(default_factory=lambda: deque(maxlen=64))
-    restore: RestoreReport | None = None
-
-    @property
-    def last(self) -> SaveStats | None:
-        return self.history[-1] if self.history else None
-
-
-def _fresh_optimizers(state: dict[str, Any]) -> list[torch.optim.Optimizer]:
-    """Optimizers in ``state`` (as a Stateful's ``optimizer``) that have no state yet."""
-    found = []
-    for obj in state.values():
-        optimizer = getattr(obj, "optimizer", None)
-        if isinstance(optimizer, torch.optim.Optimizer) and not optimizer.state:
-            found.append(optimizer)
-    return found
 
 
 class Checkpointer:
@@ -256,10 +210,6 @@ class Checkpointer:
 
     # --- restore ------------------------------------------------------------------------------
 
-    def _peer_endpoints(self, hosts: list[str]) -> dict[str, str]:
-        assert self._catalog is not None
-        return self._catalog.call("peer_endpoints", hosts) or {}
-
     def restore(self, state: dict[str, Any]) -> int:
         """Load the newest checkpoint the job can restore into ``state``; return its step (0: none).
 
@@ -284,6 +234,15 @@ class Checkpointer:
         stager = self._stager if self.options.reserve_staging else HostStager()
         self._restores += 1
         assert self._store is not None
+        side = RestoreCatalogSide(
+            self.run,
+            self.root,
+            topology.host,
+            self._catalog,
+            self._events,
+            self.options.fetch_timeout_s,
+            self._executor,
+        )
         context = RestoreContext(
             run=self.run,
             root=self.root,
@@ -296,14 +255,14 @@ class Checkpointer:
             fetch_timeout_s=self.options.fetch_timeout_s,
             stale_partial_age_s=self.options.stale_partial_age_s,
             on_phase=self._on_phase,
-            record_corrupt=self._record_corrupt if self._catalog is not None else None,
-            record_unfinished=self._record_unfinished if self._catalog is not None else None,
+            record_corrupt=side.record_corrupt if side.catalog is not None else None,
+            record_unfinished=side.record_unfinished if side.catalog is not None else None,
             read_hook=self.read_hook,
             peers=self.peers,
-            peer_endpoints=self._peer_endpoints if self._catalog is not None else None,
-            lease_fetch=self._lease_fetch if self._catalog is not None else None,
+            peer_endpoints=side.peer_endpoints if side.catalog is not None else None,
+            lease_fetch=side.lease_fetch if side.catalog is not None else None,
         )
-        untouched = _fresh_optimizers(state)
+        untouched = fresh_optimizers(state)
         report = restore_state(context, state)
         if report.path is None:
             # Planning a load called state_dict(), and DCP creates a fresh optimizer's state on
@@ -315,109 +274,14 @@ class Checkpointer:
         step = report.step
         if report.path is not None and self._catalog is not None:
             fetched = report.fetched_files > 0
-            self._record_restored_commit(report)
+            side.record_restored_commit(report)
             self._catalog.call("record_verified", self.run, step, str(report.path) if fetched else None)
         if report.path is not None and report.fetched_hosts and self._events is not None:
-            self._announce_again(report)
+            side.announce_again(report, occasion=f"restored-{self._incarnation}-{self._restores}")
         self.stats.restore = report
         self.cadence.record_save(step)
         log.info("%s", report.describe())
         return step
-
-    def _record_corrupt(self, step: int, reason: str, uri: str | None) -> None:
-        if self._catalog is not None:
-            self._catalog.call("record_corrupt", self.run, step, reason, uri)
-
-    def _record_unfinished(self, step: int, save_id: str, reason: str) -> None:
-        if self._catalog is not None:
-            self._catalog.call("record_unfinished", self.run, step, save_id, reason)
-
-    def _lease_fetch(self, step: int, hosts: list[str]) -> Callable[[], None]:
-        """Rank 0 takes the lease (run, step, hot, <host>) of every node about to fetch files into its
-        hot root, on the nodes' behalf (only rank 0 holds the catalog), so the pipeline's writers of
-        a node's hot root see the fetch. A lease another writer holds is waited for, a bounded time
-        (a quarter of ``fetch_timeout_s``, at most two minutes: the other ranks wait for this fetch
-        within ``fetch_timeout_s``), then taken over and logged: training never waits on the pipeline
-        for longer. No heartbeat: the lease lasts the fetch's own deadline plus a minute. A catalog
-        that fails is logged and the fetch goes on."""
-        from ckptflow.catalog import LeaseGrant  # noqa: PLC0415 - rank 0 with a catalog only
-
-        assert self._catalog is not None
-        holder = f"restore-fetch by rank 0 on {self.topology.host} pid {os.getpid()}"
-        deadline = time.monotonic() + min(self.options.fetch_timeout_s / 4, 120.0)
-        tokens: list[str] = []
-        waiting, told = list(hosts), set()
-        while waiting:
-            force = time.monotonic() >= deadline
-            for host in list(waiting):
-                got = self._catalog.call(
-                    "acquire_lease",
-                    self.run,
-                    step,
-                    "hot",
-                    host,
-                    holder=holder,
-                    purpose="restore-fetch",
-                    ttl_s=self.options.fetch_timeout_s + 60.0,
-                    work_uri=str(self.root / layout.committed_name(step)),
-                    force=force,
-                )
-                if got is None or isinstance(got, LeaseGrant):
-                    waiting.remove(host)  # granted, or no catalog to ask: fetch anyway
-                if isinstance(got, LeaseGrant):
-                    tokens.append(got.token)
-                    if got.previous is not None:
-                        log.warning("restore took over the lease on %s's hot copy: %s", host, got.previous)
-                elif got is not None and host not in told:
-                    told.add(host)
-                    log.warning("restore waits (bounded) for the pipeline's writer: %s", got)
-            if waiting:
-                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-        catalog = self._catalog
-        return lambda: None if not tokens else catalog.call("release_leases", tokens)
-
-    def _restored_record(self, report: RestoreReport) -> tuple[Manifest, dict[str, Any]]:
-        """The restored step's manifest and its commit record (as the save made them)."""
-        assert report.manifest is not None and report.path is not None
-        manifest = parse_manifest(report.manifest, where=str(report.path / MANIFEST_NAME))
-        hosts = save_time_hosts(manifest, self.topology.host)
-        return manifest, committed_record(manifest, report.manifest, str(report.path), hosts)
-
-    def _record_restored_commit(self, report: RestoreReport) -> None:
-        """The restored step is committed (its manifest just verified): the catalog records the
-        commit, as the save would have, if the process that saved it died before it could (a
-        no-op for a row already committed or verified)."""
-        assert self._catalog is not None
-        manifest, record = self._restored_record(report)
-        self._catalog.call("record_committed", self.run, manifest.step, manifest.save_id, **record)
-
-    def _announce_again(self, report: RestoreReport) -> None:
-        """Announce the restored checkpoint as staged once more, in the background: this restore
-        wrote parts back onto the disks of ``report.fetched_hosts`` (a replacement node, a node
-        that lost files), which their agents then promote and replicate at once rather than at
-        their next housekeeping (the first announcement fired before those disks held anything).
-        An event of its own (its id names this restore: Prefect drops a repeated id); nodes whose
-        part is already on warm find nothing to do. Not delivered, it is only logged: each node's
-        housekeeping still promotes what it holds."""
-        assert self._events is not None
-        manifest, record = self._restored_record(report)
-        payload = {**record["event_payload"], "announced_again_after": f"restore onto {report.fetched_hosts}"}
-        event = build_event(
-            STAGED_EVENT,
-            self.run,
-            manifest.step,
-            manifest.save_id,
-            payload,
-            related=node_resources(payload["nodes"]),
-            occasion=f"restored-{self._incarnation}-{self._restores}",
-        )
-        events = self._events
-        self._executor.submit(events.post, [event])
-        log.info(
-            "announced step %d as staged again: this restore wrote parts onto %s",
-            manifest.step,
-            ", ".join(report.fetched_hosts),
-        )
 
     # --- save -----------------------------------------------------------------------------------
 
@@ -454,26 +318,8 @@ class Checkpointer:
         if step < 0:
             raise ValueError(f"Checkpointer.save: step must be >= 0, got {step}")
         self._ensure_incarnation()
-        busy = self._inflight is not None and not self._inflight.done()
-        exists = (self.root / layout.committed_name(step) / MANIFEST_NAME).is_file()
-        flags = ranks.all_gather((busy, exists))
-        if any(e for _, e in flags):
-            self.stats.skipped_existing += 1
-            log.info("step %d is already committed; save is a no-op", step)
+        if not self._may_start(step):
             return False
-        busy_ranks = [r for r, (b, _) in enumerate(flags) if b]
-        if busy_ranks:
-            if self.options.on_busy == "skip":
-                self.stats.skipped_busy += 1
-                log.warning(
-                    "save of step %d skipped: the previous save is still being written on rank(s) %s "
-                    "(%d skipped so far; on_busy='wait' blocks instead)",
-                    step,
-                    busy_ranks,
-                    self.stats.skipped_busy,
-                )
-                return False
-            self._drain()
         self._drain()
         self._on_phase("staging")
         started = time.monotonic()
@@ -485,14 +331,7 @@ class Checkpointer:
         # after an ABANDONED attempt must never share, or commit, the abandoned attempt's files.
         save_id = f"{self._incarnation}-{step}-{self.stats.saves_started}"
         topology = self.topology
-        planner = NodeLocalSavePlanner(topology.nodes)
-        writer = FileSystemWriter(self.root)  # planning only: storage prefixes per rank
-        planner.set_up_planner(staged.staged, None, self.rank == 0)
-        local_plan = planner.create_local_plan()
-        all_plans = ranks.all_gather(local_plan)
-        global_plans, metadata = planner.create_global_plan(all_plans)
-        global_plans = writer.prepare_global_plan(global_plans)
-        final_plan = planner.finish_plan(global_plans[self.rank])
+        planner, final_plan, metadata = plan_save(staged.staged, topology.nodes, self.rank, self.root)
         stall = time.perf_counter() - t0
         stats = SaveStats(
             step=step,
@@ -529,6 +368,30 @@ class Checkpointer:
         self.cadence.record_save(step)
         self.stats.saves_started += 1
         self._inflight, self._inflight_step = self._executor.submit(self._run_timed_job, job), step
+        return True
+
+    def _may_start(self, step: int) -> bool:
+        """Whether every rank may start saving ``step`` now (a collective): not if any rank's node
+        already holds it committed, nor, with ``on_busy='skip'``, while any rank still writes the
+        previous save (counted and logged)."""
+        busy = self._inflight is not None and not self._inflight.done()
+        exists = (self.root / layout.committed_name(step) / MANIFEST_NAME).is_file()
+        flags = ranks.all_gather((busy, exists))
+        if any(e for _, e in flags):
+            self.stats.skipped_existing += 1
+            log.info("step %d is already committed; save is a no-op", step)
+            return False
+        busy_ranks = [r for r, (b, _) in enumerate(flags) if b]
+        if busy_ranks and self.options.on_busy == "skip":
+            self.stats.skipped_busy += 1
+            log.warning(
+                "save of step %d skipped: the previous save is still being written on rank(s) %s "
+                "(%d skipped so far; on_busy='wait' blocks instead)",
+                step,
+                busy_ranks,
+                self.stats.skipped_busy,
+            )
+            return False
         return True
 
     def _run_timed_job(self, job: SaveJob) -> SaveStats:

@@ -41,8 +41,3 @@ def broadcast(obj: Any, src: int = 0) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
-
-
-def any_rank(flag: bool) -> bool:
-    """True on every rank if ``flag`` is true on any rank."""
-    return any(all_gather(bool(flag)))

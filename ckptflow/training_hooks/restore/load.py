@@ -92,3 +92,13 @@ def _merge(live: Any, loaded: Any) -> Any:
     if isinstance(live, list) and isinstance(loaded, list) and len(live) == len(loaded):
         return [_merge(a, b) for a, b in zip(live, loaded, strict=True)]
     return loaded
+
+
+def fresh_optimizers(state: dict[str, Any]) -> list[torch.optim.Optimizer]:
+    """Optimizers in ``state`` (as a Stateful's ``optimizer``) that have no state yet."""
+    found = []
+    for obj in state.values():
+        optimizer = getattr(obj, "optimizer", None)
+        if isinstance(optimizer, torch.optim.Optimizer) and not optimizer.state:
+            found.append(optimizer)
+    return found

@@ -12,11 +12,16 @@ alternates in the manifest (see :mod:`..commit.files`).
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+from typing import Any
 
 from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan
+
+from ckptflow.training_hooks.cluster import ranks
 
 
 class NodeLocalSavePlanner(DefaultSavePlanner):
@@ -48,3 +53,19 @@ class NodeLocalSavePlanner(DefaultSavePlanner):
             raise ValueError(f"the nodes {self._nodes} do not cover the {len(all_plans)} ranks of the save")
         self.global_plan = plans
         return plans, metadata
+
+
+def plan_save(
+    staged: dict[str, Any], nodes: tuple[tuple[int, ...], ...], rank: int, root: Path
+) -> tuple[NodeLocalSavePlanner, SavePlan, Metadata]:
+    """This rank's plan for writing ``staged`` (the staged copy of the state), the global metadata,
+    and the planner the writer needs: every rank's local plan is gathered, the global plan built,
+    and this rank's part of it finished (a collective, inside the save's stall)."""
+    planner = NodeLocalSavePlanner(nodes)
+    writer = FileSystemWriter(root)  # planning only: storage prefixes per rank
+    planner.set_up_planner(staged, None, rank == 0)
+    local_plan = planner.create_local_plan()
+    all_plans = ranks.all_gather(local_plan)
+    global_plans, metadata = planner.create_global_plan(all_plans)
+    global_plans = writer.prepare_global_plan(global_plans)
+    return planner, planner.finish_plan(global_plans[rank]), metadata
