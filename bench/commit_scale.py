@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ckptflow.training_hooks.cluster.coord_store import CoordinationStore
 from ckptflow.training_hooks.cluster.nodes import Topology
-from ckptflow.training_hooks.commit.protocol import COMMITTED, CommitRound, Decision
+from ckptflow.training_hooks.commit.protocol import CommitRound, Decision, DecisionOutcome
 
 
 def fake_report(rank: int, items: int) -> dict:
@@ -95,10 +95,10 @@ def one_save(
                     assert not absent, absent
                 timings["parts_in"] = time.perf_counter()
                 body = {"metadata": "00" * 1024, "manifest": "x" * manifest_size}
-                round_.publish_decision(Decision(COMMITTED, body=body))
+                round_.publish_decision(Decision(DecisionOutcome.COMMITTED, body=body))
                 timings["decided"] = time.perf_counter()
             decision = round_.await_decision()
-            assert decision is not None and decision.outcome == COMMITTED
+            assert decision is not None and decision.outcome == DecisionOutcome.COMMITTED
             if topology.is_coordinator:
                 round_.await_acks([k for k in range(topology.node_count) if k != topology.node])
             round_.acknowledge()

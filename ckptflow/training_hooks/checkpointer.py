@@ -44,7 +44,7 @@ from ckptflow.training_hooks.restore.context import RestoreContext
 from ckptflow.training_hooks.restore.load import fresh_optimizers
 from ckptflow.training_hooks.restore.reader import ReadHook
 from ckptflow.training_hooks.restore.sources import PeerAccess, peer_access
-from ckptflow.training_hooks.save.job import SaveJob, SaveStats, run_save_job
+from ckptflow.training_hooks.save.job import SaveJob, SaveOutcome, SaveStats, run_save_job
 from ckptflow.training_hooks.save.planner import plan_save
 from ckptflow.training_hooks.save.staging import HostStager
 from ckptflow.training_hooks.stats import CheckpointerStats
@@ -418,7 +418,7 @@ class Checkpointer:
         try:
             stats = run_save_job(job)
         except BaseException as exc:  # CheckpointException derives from BaseException
-            job.stats.outcome = "failed"
+            job.stats.outcome = SaveOutcome.FAILED
             job.stats.error = f"{type(exc).__name__}: {exc}"
             self.stats.failed += 1
             self.stats.history.append(job.stats)
@@ -429,9 +429,9 @@ class Checkpointer:
                 )
             raise
         self.stats.after_commit_errors += len(stats.after_commit_errors)
-        if stats.outcome == "committed":
+        if stats.outcome == SaveOutcome.COMMITTED:
             self.stats.committed += 1
-        elif stats.outcome == "abandoned":
+        elif stats.outcome == SaveOutcome.ABANDONED:
             self.stats.abandoned += 1
         self.stats.history.append(stats)
         job.on_phase("done")

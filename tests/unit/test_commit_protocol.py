@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from ckptflow.training_hooks.cluster.coord_store import CoordinationStore, StoreUnavailable
 from ckptflow.training_hooks.cluster.nodes import Topology
-from ckptflow.training_hooks.commit.protocol import ABANDONED, COMMITTED, CommitRound, Decision
+from ckptflow.training_hooks.commit.protocol import CommitRound, Decision, DecisionOutcome
 
 NODES = ((0, 1), (2, 3))
 HOSTS = ("n0", "n1")
@@ -67,7 +67,11 @@ def leader(round_: CommitRound, publish: bool = True):
         if round_.topology.is_coordinator:
             parts, absent = round_.collect_parts()
             late = [k for k, p in parts.items() if "missing_ranks" in p] + absent
-            outcome = Decision(ABANDONED, missing_nodes=late) if late else Decision(COMMITTED, body={"m": 1})
+            outcome = (
+                Decision(DecisionOutcome.ABANDONED, missing_nodes=late)
+                if late
+                else Decision(DecisionOutcome.COMMITTED, body={"m": 1})
+            )
             round_.publish_decision(outcome)
         decision = round_.await_decision()
         if decision is not None:
@@ -90,7 +94,7 @@ def test_a_round_in_time_commits_and_leaves_no_key_behind(server):
     (reports0, missing0, decision0), _, (reports2, _, decision2), _ = results
     assert reports0 == {1: {"rank": 1}} and missing0 == []
     assert reports2 == {3: {"rank": 3}}
-    assert decision0.outcome == decision2.outcome == COMMITTED and decision2.body == {"m": 1}
+    assert decision0.outcome == decision2.outcome == DecisionOutcome.COMMITTED and decision2.body == {"m": 1}
     assert store.num_keys() == before  # the last node to acknowledge deleted the round
 
 
@@ -100,7 +104,7 @@ def test_a_node_that_never_reports_is_named_missing_at_the_deadline(server):
     t0 = time.monotonic()
     results = run_threads(leader(r[0]), lambda: r[1].publish_report({}))
     parts_decision = results[0][2]
-    assert parts_decision.outcome == ABANDONED and parts_decision.missing_nodes == [1]
+    assert parts_decision.outcome == DecisionOutcome.ABANDONED and parts_decision.missing_nodes == [1]
     assert 0.9 <= time.monotonic() - t0 < 5.0
 
 
@@ -109,8 +113,8 @@ def test_a_rank_missing_on_a_node_is_reported_by_its_leader(server):
     r = rounds(port, deadline_s=1.0)
     results = run_threads(leader(r[0]), lambda: r[1].publish_report({}), leader(r[2]))  # rank 3 silent
     assert results[2][1] == [3]
-    assert results[0][2].outcome == ABANDONED and results[0][2].missing_nodes == [1]
-    assert results[2][2].outcome == ABANDONED
+    assert results[0][2].outcome == DecisionOutcome.ABANDONED and results[0][2].missing_nodes == [1]
+    assert results[2][2].outcome == DecisionOutcome.ABANDONED
 
 
 def test_no_decision_by_the_deadline_plus_grace_reads_as_none(server):
@@ -125,9 +129,9 @@ def test_a_late_straggler_finds_the_decision_before_reporting(server):
     _, port = server
     r = rounds(port, deadline_s=0.1)
     assert r[1].decision_if_made() is None
-    r[0].publish_decision(Decision(ABANDONED, "late", [0], [1]))
+    r[0].publish_decision(Decision(DecisionOutcome.ABANDONED, "late", [0], [1]))
     found = r[1].decision_if_made()
-    assert found is not None and found.outcome == ABANDONED and found.missing_ranks == [1]
+    assert found is not None and found.outcome == DecisionOutcome.ABANDONED and found.missing_ranks == [1]
 
 
 def test_a_store_that_is_gone_is_an_error_never_a_decision():
@@ -161,7 +165,7 @@ def test_a_straggler_asking_while_the_round_is_deleted_never_waits(server):
 
     def flip() -> None:
         while not stop.is_set():
-            flipper.publish_decision(Decision(ABANDONED, "late", [1], [2]))
+            flipper.publish_decision(Decision(DecisionOutcome.ABANDONED, "late", [1], [2]))
             flipper.forget_round()
 
     thread = threading.Thread(target=flip)
@@ -171,7 +175,7 @@ def test_a_straggler_asking_while_the_round_is_deleted_never_waits(server):
     finally:
         stop.set()
         thread.join(timeout=30)
-    assert seen <= {None, ABANDONED} and ABANDONED in seen
+    assert seen <= {None, DecisionOutcome.ABANDONED} and DecisionOutcome.ABANDONED in seen
 
 
 def test_get_if_present_reads_without_waiting_or_creating(server):

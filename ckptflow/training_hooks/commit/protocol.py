@@ -21,21 +21,26 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from ckptflow.training_hooks.cluster.coord_store import CoordinationStore
 from ckptflow.training_hooks.cluster.nodes import Topology
 from ckptflow.training_hooks.cluster.rounds import StoreRound
 
-COMMITTED = "committed"
-ABANDONED = "abandoned"
+
+class DecisionOutcome(StrEnum):
+    """What the coordinator decided about one save attempt."""
+
+    COMMITTED = "committed"  # every node's part arrived by the deadline: the checkpoint exists
+    ABANDONED = "abandoned"  # a node or rank missed the deadline: every node removes its part
 
 
 @dataclass
 class Decision:
     """What the coordinator decided about one save."""
 
-    outcome: str  # committed | abandoned
+    outcome: DecisionOutcome
     reason: str = ""
     missing_nodes: list[int] = field(default_factory=list)
     missing_ranks: list[int] = field(default_factory=list)
@@ -52,7 +57,13 @@ class Decision:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Decision:
-        return cls(raw["outcome"], raw["reason"], raw["missing_nodes"], raw["missing_ranks"], raw["body"])
+        return cls(
+            DecisionOutcome(raw["outcome"]),
+            raw["reason"],
+            raw["missing_nodes"],
+            raw["missing_ranks"],
+            raw["body"],
+        )
 
 
 @dataclass

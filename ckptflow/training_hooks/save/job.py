@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from ckptflow.training_hooks.cluster.coord_store import CoordinationStore, Store
 from ckptflow.training_hooks.cluster.nodes import Topology
 from ckptflow.training_hooks.commit import files as commit_files
 from ckptflow.training_hooks.commit.announce import build_event
-from ckptflow.training_hooks.commit.protocol import ABANDONED, COMMITTED, CommitRound, Decision
+from ckptflow.training_hooks.commit.protocol import CommitRound, Decision, DecisionOutcome
 from ckptflow.training_hooks.commit.record import committed_record
 from ckptflow.training_hooks.save.staging import wait_for
 from ckptflow.training_hooks.save.writer import make_writer
@@ -42,6 +43,17 @@ log = logging.getLogger("ckptflow.save")
 
 PhaseHook = Callable[[str], None]
 STRAGGLER_WAIT_S = 600.0  # at least this long, a leader waits for its node's late writers to let go
+
+
+class SaveOutcome(StrEnum):
+    """What became of one save, on one rank."""
+
+    PENDING = "pending"  # still being written
+    WRITTEN = "written"  # this rank's files are written and reported; its leader commits them
+    COMMITTED = "committed"  # a leader: the decision is durable on its node
+    ABANDONED = "abandoned"  # not committed (a deadline missed, the store lost)
+    FAILED = "failed"  # a local error (a disk): raised by wait()/close()
+    DUPLICATE = "duplicate"  # the step was already committed by another save: this copy discarded
 
 
 @dataclass
@@ -59,7 +71,7 @@ class SaveStats:
     bytes: int = 0  # bytes staged by this rank
     allocated_bytes: int = 0  # staging buffers this save had to allocate (0 once they are reserved)
     checkpoint_bytes: int = 0  # all files of the committed checkpoint (coordinator)
-    outcome: str = "pending"  # committed | written | abandoned | failed | duplicate
+    outcome: SaveOutcome = SaveOutcome.PENDING
     missing_ranks: list[int] = field(default_factory=list)
     missing_nodes: list[int] = field(default_factory=list)
     store_ops: int = 0  # round trips to the coordination store by this rank for this save
@@ -161,15 +173,15 @@ def _report_to_leader(
     # report would only be a key nobody reads (its leader removes the files once it lets go).
     if round_.past_deadline():
         decision = round_.decision_if_made()
-        if decision is not None and decision.outcome == ABANDONED:
-            stats.outcome = ABANDONED
+        if decision is not None and decision.outcome == DecisionOutcome.ABANDONED:
+            stats.outcome = SaveOutcome.ABANDONED
             stats.total_s = time.monotonic() - job.started
             log.warning(
                 "step %d: rank %d finished after the checkpoint was abandoned", job.step, job.topology.rank
             )
             return
     round_.publish_report(report.to_json())
-    stats.outcome = "written"
+    stats.outcome = SaveOutcome.WRITTEN
     stats.total_s = time.monotonic() - job.started
 
 
@@ -187,7 +199,7 @@ def _lead_node(
         reason = f"{_ranks_text(late)} of {where} missed the {job.deadline_s:g} s deadline"
         if topology.node_count == 1:
             _abandon(job, stats, reason, [topology.node], late)
-            round_.publish_decision(Decision(ABANDONED, reason, [topology.node], late))
+            round_.publish_decision(Decision(DecisionOutcome.ABANDONED, reason, [topology.node], late))
         else:
             round_.publish_part({"node": topology.node, "missing_ranks": late})
             if topology.is_coordinator:
@@ -216,7 +228,7 @@ def _lead_node(
         if topology.is_coordinator:
             _decide(job, round_, reports, stats)
         _follow(job, round_, stats, part_committed=True)
-        if stats.outcome != COMMITTED:
+        if stats.outcome != SaveOutcome.COMMITTED:
             _clean_up(job, round_)
     stats.finalize_s = time.perf_counter() - t0
 
@@ -247,11 +259,14 @@ def _decide(
         late_ranks = sorted(set(late_ranks)) or list(topology.node_ranks)
         names = "; ".join(topology.describe_node(k) for k in late_nodes)
         reason = f"{names} missed the {job.deadline_s:g} s deadline (ranks {late_ranks})"
-        round_.publish_decision(Decision(ABANDONED, reason, late_nodes, late_ranks))
+        round_.publish_decision(Decision(DecisionOutcome.ABANDONED, reason, late_nodes, late_ranks))
         return
     metadata, manifest = _build(job, reports)
     round_.publish_decision(
-        Decision(COMMITTED, body={"metadata": metadata.hex(), "manifest": manifest.to_json().decode()})
+        Decision(
+            DecisionOutcome.COMMITTED,
+            body={"metadata": metadata.hex(), "manifest": manifest.to_json().decode()},
+        )
     )
     stats.decision_s = time.perf_counter() - arrived
     stats.checkpoint_bytes = manifest.total_bytes
@@ -266,14 +281,14 @@ def _follow(job: SaveJob, round_: CommitRound, stats: SaveStats, part_committed:
         _abandon(job, stats, reason, [], [])
         round_.forget_part()
         return
-    if decision.outcome == COMMITTED and part_committed:
+    if decision.outcome == DecisionOutcome.COMMITTED and part_committed:
         metadata = bytes.fromhex(decision.body["metadata"])
         manifest_json = decision.body["manifest"].encode()
         job.on_phase("manifest")
         commit_files.write_decision(job.final_dir, metadata, manifest_json)
         if not topology.is_coordinator:
             round_.acknowledge()
-        stats.outcome = COMMITTED
+        stats.outcome = SaveOutcome.COMMITTED
         stats.total_s = time.monotonic() - job.started
         if topology.is_coordinator:
             # The staged event starts every node's promotion: first every node must hold the manifest.
@@ -296,13 +311,13 @@ def _commit_single_node(job: SaveJob, reports: dict[int, commit_files.RankReport
     metadata, manifest = _build(job, reports)
     stats.decision_s = time.perf_counter() - t0
     if not commit_files.commit(job.partial_dir, job.final_dir, metadata, manifest, job.on_phase):
-        stats.outcome = "duplicate"
+        stats.outcome = SaveOutcome.DUPLICATE
         log.warning("step %d was already committed by another save; this copy was discarded", job.step)
         if job.catalog is not None:  # this attempt's row must not stay "writing" for good
             reason = f"duplicate: step {job.step} was already committed by another save"
             job.catalog.call("record_abandoned", job.run, job.step, job.save_id, reason)
         return
-    stats.outcome = COMMITTED
+    stats.outcome = SaveOutcome.COMMITTED
     stats.total_s = time.monotonic() - job.started
     stats.checkpoint_bytes = manifest.total_bytes
     _after_commit(job, stats, metadata, manifest.to_json())
@@ -327,7 +342,7 @@ def _build(job: SaveJob, reports: dict[int, commit_files.RankReport]) -> tuple[b
 
 
 def _abandon(job: SaveJob, stats: SaveStats, reason: str, nodes: list[int], ranks: list[int]) -> None:
-    stats.outcome = ABANDONED
+    stats.outcome = SaveOutcome.ABANDONED
     stats.missing_nodes, stats.missing_ranks = list(nodes), list(ranks)
     stats.total_s = time.monotonic() - job.started
     if job.topology.is_coordinator:
