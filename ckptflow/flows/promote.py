@@ -26,6 +26,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.task_runners import TaskRunner
 
 from ckptflow.catalog import Catalog, LeaseKey
+from ckptflow.catalog.transitions import FINAL
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.results import in_memory_result
 from ckptflow.flows.runners import batch_count, submit, task_runner_for
@@ -103,7 +104,7 @@ def promote(run: str, step: int, config_path: str) -> list[dict[str, Any]]:
     try:
         states = replica_states(catalog, checkpoint_id)
         for tier in colder:
-            if states.get(tier) == "deleted":  # retention removed it: copying it back would undo retention
+            if states.get(tier) in FINAL:  # retention removed it: copying it back would undo retention
                 by_tier[tier] = _nothing_copied(tier, RowAction.DELETED_BY_RETENTION)
         wanted = [LeaseKey(run, step, t) for t in colder if t not in by_tier]
         # One writer per colder replica: a second promotion of the step (an event redelivered, a

@@ -53,8 +53,8 @@ def reconcile(config_path: str, max_promotions_per_run: int = 5) -> list[dict[st
     colder = [t for t in config.tier_names() if t != "hot"]
     # A retention apply killed mid-way leaves the catalog and a tier disagreeing: repair that first.
     rows = retention_repair_rows(reconcile_retention(config_path))
+    first = config.first_colder_tier()  # a config with no colder tier fails before the catalog opens
     catalog = Catalog.open(config.catalog)
-    first = config.first_colder_tier()
     try:
         policy_wants = PolicyWanted(catalog, policy_for(config_path)[0])
         live = live_checkpoints(catalog)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptflow.catalog import Catalog, LeaseKey
+from ckptflow.catalog.transitions import FINAL
 from ckptflow.pipeline.data_time import DataTime
 from ckptflow.pipeline.leases import hold
 from ckptflow.pipeline.part import (
@@ -177,7 +178,7 @@ class _PartRun:
     def promote(self) -> dict[str, Any]:
         job, target = self.job, self.job.tier.name
         self.checkpoint_id = checkpoint_id_of(self.catalog, job.hot.run_dir(job.run), job.run, job.step)
-        if replica_states(self.catalog, self.checkpoint_id).get(target) == "deleted":
+        if replica_states(self.catalog, self.checkpoint_id).get(target) in FINAL:
             self.log.info(
                 "%s step %d: its %s replica was deleted by retention; not copied again",
                 job.run,
