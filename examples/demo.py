@@ -45,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from ckptflow.supervise import SupervisedProcess
+from ckptflow.services.supervise import SupervisedProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import demo_nodes  # noqa: E402  (examples/ is not a package: the demo's own helper module)

@@ -17,7 +17,7 @@ from typing import Any
 
 from ckptflow.services import simulated_nodes
 from ckptflow.services.simulated_nodes import Cluster, Node, cluster, wait_for_line
-from ckptflow.supervise import kill_process_tree
+from ckptflow.services.supervise import kill_process_tree
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE / "train_tiny.py"

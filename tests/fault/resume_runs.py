@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ckptflow.supervise import SupervisedProcess, kill_process_tree
+from ckptflow.services.supervise import SupervisedProcess, kill_process_tree
 
 LINE_TIMEOUT_S = 120.0  # generous: 2 shared cores, seconds of torch import per start
 
@@ -109,7 +109,7 @@ def prewarmed_context(module: str) -> Any:
 
 class PrewarmedProcess:
     """``module.main(argv)`` in a process forked from the prewarmed server; the same waits and kill
-    as :class:`~ckptflow.supervise.SupervisedProcess`."""
+    as :class:`~ckptflow.services.supervise.SupervisedProcess`."""
 
     def __init__(self, context: Any, module: str, argv: Sequence[str], log_path: Path) -> None:
         receiver, sender = context.Pipe(duplex=False)

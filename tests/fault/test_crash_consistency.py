@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from ckptflow.services.supervise import SupervisedProcess
 from ckptflow.storage import layout
 from ckptflow.storage.manifest import MANIFEST_NAME
 from ckptflow.storage.verify import verify_checkpoint
-from ckptflow.supervise import SupervisedProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

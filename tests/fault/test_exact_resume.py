@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from resume_runs import assert_same_result, run_to_completion, wait_lines, wait_start
 
-from ckptflow.supervise import SupervisedProcess
+from ckptflow.services.supervise import SupervisedProcess
 
 pytestmark = pytest.mark.slow
 

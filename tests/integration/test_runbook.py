@@ -25,7 +25,7 @@ import yaml
 from replica_waits import replica_states, wait_ready
 
 from ckptflow.services import stack as local_stack
-from ckptflow.supervise import SupervisedProcess
+from ckptflow.services.supervise import SupervisedProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

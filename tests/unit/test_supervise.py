@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from ckptflow.supervise import SupervisedProcess
+from ckptflow.services.supervise import SupervisedProcess
 
 # A parent that forks a child (as a DataLoader forks its workers); the child inherits stdout and
 # would outlive a SIGKILL of its parent alone.
