@@ -42,6 +42,7 @@ from ckptflow.training_hooks import Checkpointer
 
 GIB = 1 << 30
 N_TENSORS = 16
+RUN = "bench"
 TARGETS = {"restore_vs_dcp_load": 1.10, "bytes_read_ratio": 1.02}
 
 
@@ -104,17 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     shutil.rmtree(args.dir, ignore_errors=True)
-    root = args.dir / "hot"
+    hot = args.dir / "hot"  # the hot tier's root: the run's checkpoints are in hot/bench/
     source = make_state(args.gib, fill=True)
-    with Checkpointer("bench", root) as ckpt:
+    with Checkpointer(RUN, hot) as ckpt:
         ckpt.save(1, {"app": source})
-    directory = root / layout.committed_name(1)
+    directory = hot / RUN / layout.committed_name(1)
     size = read_manifest(directory).total_bytes
     print(f"checkpoint: {size / GIB:.2f} GiB in {directory}", flush=True)
 
     baseline = make_state(args.gib, fill=False)
     warm = make_state(args.gib, fill=False)
-    warm_ckpt = Checkpointer("bench", root)
+    warm_ckpt = Checkpointer(RUN, hot)
     warm_ckpt.restore({"app": warm})  # untimed: allocates its staging buffers once
     results: dict[str, list[tuple[float, int]]] = {"dcp": [], "warm": [], "fresh": []}
 
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         dcp.load(template, checkpoint_id=str(directory), no_dist=True)
 
     def fresh_restore(live: Tensors) -> None:
-        with Checkpointer("bench", root) as fresh:
+        with Checkpointer(RUN, hot) as fresh:
             fresh.restore({"app": live})
 
     for _ in range(args.rounds):

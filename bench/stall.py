@@ -245,7 +245,8 @@ class Ckptflow(Method):
     name = "ckptflow Checkpointer.save"
 
     def setup(self) -> None:
-        self.root = self.scratch.fresh("ckptflow")
+        self.root = self.scratch.fresh("ckptflow")  # the hot tier's root
+        self.run_dir = self.root / "bench"  # the run's checkpoints: the Checkpointer appends the run
         self.tracker = PhaseTracker()
         self.ckpt = self._checkpointer()
         self.state = {"app": BenchState(self.sd)}
@@ -265,7 +266,7 @@ class Ckptflow(Method):
             raise RuntimeError(f"ckptflow restore returned step {restored}, expected {self.step}")
         report = self.ckpt.stats.restore
         self.reserved_bytes = report.reserved_bytes if report is not None else 0
-        shutil.rmtree(self.root / layout.committed_name(self.step))
+        shutil.rmtree(self.run_dir / layout.committed_name(self.step))
         self.resume_stall_s, self.resume_total_s = self.save()
 
     def _checkpointer(self) -> Checkpointer:
@@ -292,7 +293,7 @@ class Ckptflow(Method):
             raise RuntimeError(f"ckptflow save of step {self.step} did not commit: {last}")
         self.saves.append((self.step, stall, total, last))
         if not keep:
-            shutil.rmtree(self.root / layout.committed_name(self.step))
+            shutil.rmtree(self.run_dir / layout.committed_name(self.step))
         return stall, total
 
     def close(self) -> None:
@@ -373,7 +374,7 @@ def bench_step_slowdown(ck: Ckptflow, saves: int, compute_s: float) -> dict[str,
         last = ck.ckpt.stats.last
         if last is not None:
             write_during.append(last.write_s)
-        shutil.rmtree(ck.root / layout.committed_name(ck.step), ignore_errors=True)
+        shutil.rmtree(ck.run_dir / layout.committed_name(ck.step), ignore_errors=True)
         durings.append(during)
         alones.append(alone_window(window))
     ratios = [

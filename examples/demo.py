@@ -185,10 +185,9 @@ def two_node_lifecycle(
             "reference",
         )
         nodes.job.wait(900)
-        # The ground truth is reference.json; its checkpoints (run "tiny" under a directory named
-        # for the reference) would otherwise stay in the hot roots, reported by every node's
-        # housekeeping as a directory that is no run's (the operator's view of the disks, as in
-        # holdings()).
+        # The ground truth is reference.json; its checkpoints (run "tiny" under a hot root of its own,
+        # <hot>/<run>-reference, so no agent finds them in a run directory of the nodes' hot root)
+        # would otherwise stay on the disks (the operator's view of them, as in holdings()).
         for disk in nodes.disks:
             shutil.rmtree(disk / f"{run}-reference", ignore_errors=True)
 

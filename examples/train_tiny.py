@@ -1,6 +1,6 @@
 """Train a small model on synthetic data on CPU, checkpointing with ckptflow; resumes when re-run.
 
-    python examples/train_tiny.py --root /tmp/ckpt --steps 200
+    python examples/train_tiny.py --root /tmp/ckpt --steps 200  # checkpoints in /tmp/ckpt/tiny/step-N
     torchrun --nproc-per-node 2 examples/train_tiny.py --root /tmp/ckpt --run-name tiny  # 2 gloo ranks
 
 Kill it at any moment and run the same command again: it continues from the newest checkpoint that
@@ -163,7 +163,9 @@ def param_digest(model: torch.nn.Module) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", default=None, help="checkpoint root directory (hot tier)")
+    ap.add_argument(
+        "--root", default=None, help="the hot tier's root: the run's checkpoints go to <root>/<run>/step-N"
+    )
     ap.add_argument(
         "--config", default=None, help="ckptflow.yaml: hot root, catalog, Prefect, fallback tiers"
     )

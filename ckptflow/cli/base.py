@@ -93,7 +93,9 @@ def _describe_entry(entry: layout.Entry) -> tuple[str, str, str, str]:
 
 
 @app.command("ls")
-def ls(root: Path = typer.Argument(..., help="Checkpoint root directory (the hot tier).")) -> None:
+def ls(
+    root: Path = typer.Argument(..., help="A run's checkpoint directory, <tiers.hot.root>/<run>."),
+) -> None:
     """List committed, incomplete, partial and quarantined checkpoints under ROOT."""
     if not root.is_dir():
         _fail(f"checkpoint root {root} does not exist or is not a directory")
@@ -169,14 +171,16 @@ def cadence(
 
 @catalog_app.command("sync")
 def catalog_sync(
-    root: Path = typer.Argument(..., help="Checkpoint root whose manifests are the truth."),
+    root: Path = typer.Argument(
+        ..., help="A run's checkpoint directory (<tiers.hot.root>/<run>) whose manifests are the truth."
+    ),
     catalog_url: str | None = typer.Option(None, "--catalog", help="Catalog URL or SQLite file path."),
     config: Path | None = typer.Option(
         None, "--config", help="ckptflow.yaml (its catalog), instead of --catalog"
     ),
     run: str | None = typer.Option(None, "--run", help="Only this run's checkpoints.", callback=run_name),
 ) -> None:
-    """Rebuild or repair catalog rows from the manifests under ROOT (a run's hot root)."""
+    """Rebuild or repair catalog rows from the manifests under ROOT (a run's directory in the hot tier)."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from ckptflow.catalog import Catalog

@@ -23,7 +23,10 @@ def import_command(
         None, "--config", help="ckptflow.yaml: its hot tier (<root>/<run>) and its catalog."
     ),
     root: Path | None = typer.Option(
-        None, "--root", help="The run's hot root (the Checkpointer's root), instead of --config."
+        None,
+        "--root",
+        help="The run's directory in the hot tier, <tiers.hot.root>/<run> (the Checkpointer's run_dir), "
+        "instead of --config.",
     ),
     catalog: str | None = typer.Option(
         None, "--catalog", help="With --root: the catalog URL or SQLite file to record it in."
@@ -39,7 +42,7 @@ def import_command(
     from ckptflow.training_hooks.adopt import ImportRefused, adopt_dcp_checkpoint  # noqa: PLC0415
 
     if (config is None) == (root is None):
-        _fail("give exactly one of --config ckptflow.yaml or --root DIR (the run's hot root)")
+        _fail("give exactly one of --config ckptflow.yaml or --root DIR (<tiers.hot.root>/<run>)")
     if config is not None and catalog is not None:
         _fail("--catalog goes with --root; with --config the catalog is the config's")
     url = catalog

@@ -189,9 +189,9 @@ def remove_dead_scratch(catalog: Catalog, holder: str, ttl_s: float) -> list[str
 def fetch_into_scratch(tier: Tier, spec: DrillSpec, step: int, scratch: Path) -> Fetched:
     """Download the checkpoint (checksums verified while reading), verify the copy again, read the
     reference value recorded at save time."""
-    root = scratch / "root"
-    root.mkdir()
-    dest = root / layout.committed_name(step)
+    run_dir = scratch / "root" / spec.run  # the scratch job's hot root is scratch/root
+    run_dir.mkdir(parents=True)
+    dest = run_dir / layout.committed_name(step)
     t0 = time.perf_counter()
     try:
         tier.fetch(spec.run, step, dest)

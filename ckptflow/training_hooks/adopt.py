@@ -232,7 +232,8 @@ def adopt_dcp_checkpoint(
     host: str | None = None,
 ) -> ImportReport:
     """Import the DCP checkpoint directory ``source`` as ``<hot_root>/step-N`` of ``run`` (see the
-    module docstring); ``hot_root`` is the run's hot root (what the Checkpointer's ``root`` is).
+    module docstring); ``hot_root`` is the run's directory in the hot tier, ``<tiers.hot.root>/<run>``
+    (the Checkpointer's ``run_dir``; its ``root`` is the tier's root, without the run).
     ``step`` defaults to the number the directory's name ends with. ``catalog``: a URL or SQLite
     path to record the commit in. Raises :class:`ImportRefused` (nothing published) when the
     directory cannot be adopted or the step is taken."""

@@ -58,11 +58,14 @@ class Checkpointer:
     Args:
         run: name of the training run (recorded in manifests and the catalog); one path component
             (``ckptflow.storage.run_names``).
-        root: this node's checkpoint directory (the hot tier). Recommended: node-local NVMe at the
-            same path on every node; each node then keeps its own ranks' part of every checkpoint
-            and no node ever reads another's disk. One shared filesystem for every rank works too
-            (it is then one node). Which ranks share a directory is found at the first save or
-            restore, by a probe file each rank writes and every rank looks for.
+        root: the hot tier's root on this node, as ``tiers.hot.root`` in ckptflow.yaml names it;
+            the run's checkpoints go to ``<root>/<run>/`` (:attr:`run_dir`), where the node's agent
+            and every ckptflow command look for them. Recommended: node-local NVMe at the same path
+            on every node; each node then keeps its own ranks' part of every checkpoint and no node
+            ever reads another's disk. One shared filesystem for every rank works too (it is then
+            one node). Which ranks share a directory is found at the first save or restore, by a
+            probe file each rank writes and every rank looks for. A ``root`` that is itself a run's
+            directory (it ends in ``run``, or holds checkpoints directly) is refused with the fix.
         catalog: SQLAlchemy URL or SQLite file path of the catalog, or None for no catalog. Written
             by rank 0 only; a catalog failure is logged and counted, never raised: the manifests on
             disk are the truth.
@@ -113,6 +116,7 @@ class Checkpointer:
             )
         self.run = run
         self.root = Path(root)
+        self.run_dir = self.root / run
         self._check_root()
         self.cadence = cadence if cadence is not None else Cadence.every_steps(100)
         self.options = options if options is not None else CheckpointOptions()
@@ -152,7 +156,8 @@ class Checkpointer:
 
     @classmethod
     def from_config(cls, run: str, config_path: str | Path, **kwargs: Any) -> Checkpointer:
-        """A Checkpointer for ``run`` from ``ckptflow.yaml``: hot root ``<tiers.hot.root>/<run>``,
+        """A Checkpointer for ``run`` from ``ckptflow.yaml``: hot root ``tiers.hot.root`` (the run's
+        checkpoints in ``<tiers.hot.root>/<run>``),
         the catalog, the Prefect API for staged events, warm/cold tiers as restore fallbacks, and
         the ``checkpoint:`` section (with ``prefect.emit_timeout_s``) as its :class:`CheckpointOptions`.
 
@@ -165,7 +170,7 @@ class Checkpointer:
         overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in option_names}
         options = kwargs.pop("options", None) or config.checkpoint_options()
         defaults: dict[str, Any] = {
-            "root": Path(hot.root) / run,  # type: ignore[attr-defined]
+            "root": Path(hot.root),  # type: ignore[attr-defined]
             "catalog": config.catalog,
             "prefect_api_url": config.prefect.api_url,
             "prefect_auth_string": config.prefect.auth_string(),
@@ -178,14 +183,27 @@ class Checkpointer:
     # --- set-up -----------------------------------------------------------------------------
 
     def _check_root(self) -> None:
+        # Before the layout issue, root was the run's own directory; a caller who still passes one
+        # would write where the agent never looks (<root>/<run>/<run>): refuse it, naming the fix.
+        fix = ""
+        if self.root.name == self.run:
+            fix = f"it ends in the run's name: pass root={self.root.parent}"
+        elif self.root.is_dir() and not self.run_dir.exists() and _holds_steps(self.root):
+            fix = f"it holds checkpoints directly: move its step-N directories into {self.run_dir}"
+        if fix:
+            raise ValueError(
+                f"Checkpointer.root: {self.root} looks like the run's own directory ({fix}); root is "
+                "the hot tier's root and the Checkpointer appends the run, as ckptflow.yaml's "
+                "tiers.hot.root and the node's agent do"
+            )
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            probe = self.root / f".ckptflow-probe-{secrets.token_hex(4)}"
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.run_dir / f".ckptflow-probe-{secrets.token_hex(4)}"
             probe.touch()
             probe.unlink()
         except OSError as exc:
             raise ValueError(
-                f"Checkpointer.root: cannot create or write {self.root} ({exc.strerror}); "
+                f"Checkpointer.root: cannot create or write {self.run_dir} ({exc.strerror}); "
                 "pass a writable directory (the hot tier, e.g. node-local NVMe)"
             ) from exc
 
@@ -195,7 +213,7 @@ class Checkpointer:
         # same collective start finds the nodes and opens this rank's coordination store.
         if self._incarnation is None:
             token = ranks.broadcast(secrets.token_hex(4) if self.rank == 0 else None)
-            self._topology = nodes.detect(self.root, token)
+            self._topology = nodes.detect(self.run_dir, token)
             self._store = open_store(
                 self._topology, self.options.store, self.options.store_timeout_s, self.options.store_host
             )
@@ -230,13 +248,13 @@ class Checkpointer:
         self.wait()
         topology = self.topology
         if self._catalog is not None:
-            self._catalog.call("ensure_run", self.run, str(self.root))
+            self._catalog.call("ensure_run", self.run, str(self.run_dir))
         stager = self._stager if self.options.reserve_staging else HostStager()
         self._restores += 1
         assert self._store is not None
         side = RestoreCatalogSide(
             self.run,
-            self.root,
+            self.run_dir,
             topology.host,
             self._catalog,
             self._events,
@@ -245,7 +263,7 @@ class Checkpointer:
         )
         context = RestoreContext(
             run=self.run,
-            root=self.root,
+            run_dir=self.run_dir,
             topology=topology,
             store=self._store,
             attempt_id=f"{self._incarnation}-{self._restores}",
@@ -331,7 +349,7 @@ class Checkpointer:
         # after an ABANDONED attempt must never share, or commit, the abandoned attempt's files.
         save_id = f"{self._incarnation}-{step}-{self.stats.saves_started}"
         topology = self.topology
-        planner, final_plan, metadata = plan_save(staged.staged, topology.nodes, self.rank, self.root)
+        planner, final_plan, metadata = plan_save(staged.staged, topology.nodes, self.rank, self.run_dir)
         stall = time.perf_counter() - t0
         stats = SaveStats(
             step=step,
@@ -343,7 +361,7 @@ class Checkpointer:
         )
         job = SaveJob(
             run=self.run,
-            root=self.root,
+            run_dir=self.run_dir,
             step=step,
             save_id=save_id,
             topology=topology,
@@ -375,7 +393,7 @@ class Checkpointer:
         already holds it committed, nor, with ``on_busy='skip'``, while any rank still writes the
         previous save (counted and logged)."""
         busy = self._inflight is not None and not self._inflight.done()
-        exists = (self.root / layout.committed_name(step) / MANIFEST_NAME).is_file()
+        exists = (self.run_dir / layout.committed_name(step) / MANIFEST_NAME).is_file()
         flags = ranks.all_gather((busy, exists))
         if any(e for _, e in flags):
             self.stats.skipped_existing += 1
@@ -487,3 +505,8 @@ class Checkpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _holds_steps(directory: Path) -> bool:
+    """Whether ``directory`` holds checkpoints of a run itself (``step-N`` or a partial of one)."""
+    return any(e.kind in ("committed", "incomplete", "partial") for e in layout.scan(directory))

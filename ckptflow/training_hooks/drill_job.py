@@ -6,9 +6,11 @@ Launched by the drill flow as a separate process group, torchrun-style (``RANK``
     python -m ckptflow.training_hooks.drill_job --root SCRATCH --run R --step N \\
         --eval module:function --eval-kwargs '{"hidden": 64}' --out DIR [--python-path DIR ...]
 
-The user's entry point is ``function(restore, **kwargs) -> float``: it builds the model, calls
-``restore(state)`` (a :class:`Checkpointer` over the scratch root, nothing else: no catalog, no
-events, no fallback tiers) and returns the loss on a fixed batch. Each rank writes
+``SCRATCH`` is the scratch job's hot tier root: the drill fetched the step into
+``SCRATCH/<R>/step-N``, where a :class:`Checkpointer` with ``root=SCRATCH`` looks for it. The user's
+entry point is ``function(restore, **kwargs) -> float``: it builds the model, calls ``restore(state)``
+(that Checkpointer, nothing else: no catalog, no events, no fallback tiers) and returns the loss on a
+fixed batch. Each rank writes
 ``DIR/rank-<r>.json``: ``{"ok": true, "loss": ..., "loss_at": <unix time>, ...}`` or
 ``{"ok": false, "kind": "entry_point" | "load" | "eval" | "setup", "error": "..."}``; the exit status
 is 0 only when the loss was computed.
@@ -123,7 +125,9 @@ def run_rank(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="One rank of a recovery drill's scratch job.")
-    ap.add_argument("--root", required=True, help="scratch checkpoint root holding the fetched step")
+    ap.add_argument(
+        "--root", required=True, help="the scratch hot tier root: the fetched step is in <root>/<run>/step-N"
+    )
     ap.add_argument("--run", required=True)
     ap.add_argument("--step", type=int, required=True)
     ap.add_argument("--eval", required=True, help="module:function")

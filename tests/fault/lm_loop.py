@@ -112,7 +112,7 @@ def rng_digests() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", required=True)
+    ap.add_argument("--root", required=True, help="the hot tier's root: checkpoints go to <root>/lm/step-N")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--save-every", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)

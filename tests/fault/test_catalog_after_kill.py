@@ -67,11 +67,12 @@ def _rows(url: str) -> list:
         catalog.dispose()
 
 
-def _restore_here(root: Path, url: str, stale_age: float = 60.0) -> int:
+def _restore_here(hot: Path, url: str, stale_age: float = 60.0) -> int:
+    """Restore the run, as the worker does, from the hot tier root ``hot``."""
     from catalog_kill_worker import build_state  # noqa: PLC0415 - the worker's state, built here
 
     with Checkpointer(
-        RUN, root, catalog=url, options=CheckpointOptions(stale_partial_age_s=stale_age)
+        RUN, hot, catalog=url, options=CheckpointOptions(stale_partial_age_s=stale_age)
     ) as ckpt:
         return ckpt.restore(build_state())
 
@@ -79,15 +80,15 @@ def _restore_here(root: Path, url: str, stale_age: float = 60.0) -> int:
 def test_a_kill_before_the_catalog_write_is_recorded_by_the_next_restore(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    root, url = tmp_path / "hot", f"sqlite:///{tmp_path / 'catalog.db'}"
-    _finish(_launch(1, str(root), url, tmp_path, "--kill-at", "catalog"), tmp_path, -signal.SIGKILL)
-    directory = root / layout.committed_name(STEP)
+    hot, url = tmp_path / "hot", f"sqlite:///{tmp_path / 'catalog.db'}"
+    _finish(_launch(1, str(hot), url, tmp_path, "--kill-at", "catalog"), tmp_path, -signal.SIGKILL)
+    directory = hot / RUN / layout.committed_name(STEP)
     manifest = read_manifest(directory)  # renamed into place before the kill
     ((cp, replicas, _),) = _rows(url)
     assert (cp.state, cp.save_id, replicas) == (CheckpointState.WRITING, manifest.save_id, [])
 
     with caplog.at_level(logging.INFO, logger="ckptflow"):
-        assert _restore_here(root, url) == STEP
+        assert _restore_here(hot, url) == STEP
     assert "illegal" not in caplog.text and "catalog record" not in caplog.text, caplog.text
 
     ((cp, replicas, files),) = _rows(url)
@@ -105,7 +106,7 @@ def test_a_kill_before_the_catalog_write_is_recorded_by_the_next_restore(
     assert (event.run, event.step, event.payload["hot_uri"]) == (RUN, STEP, str(directory))
     assert "checkpoint.committed" in kinds and "checkpoint.verified" in kinds
 
-    assert _restore_here(root, url) == STEP  # a second restore changes nothing
+    assert _restore_here(hot, url) == STEP  # a second restore changes nothing
     ((again, _, _),) = _rows(url)
     assert again.state == CheckpointState.VERIFIED and again.updated_at == cp.updated_at
 
@@ -114,13 +115,13 @@ def test_a_kill_before_the_catalog_write_is_recorded_by_the_next_restore(
 def test_an_attempt_killed_mid_write_is_abandoned_when_its_partial_is_removed(
     tmp_path: Path, moment: str
 ) -> None:
-    root, url = tmp_path / "hot", f"sqlite:///{tmp_path / 'catalog.db'}"
-    _finish(_launch(1, str(root), url, tmp_path, "--kill-at", moment), tmp_path, -signal.SIGKILL)
-    (partial,) = [e.path for e in layout.scan(root) if e.kind == "partial"]
+    hot, url = tmp_path / "hot", f"sqlite:///{tmp_path / 'catalog.db'}"
+    _finish(_launch(1, str(hot), url, tmp_path, "--kill-at", moment), tmp_path, -signal.SIGKILL)
+    (partial,) = [e.path for e in layout.scan(hot / RUN) if e.kind == "partial"]
     ((cp, _, _),) = _rows(url)
     assert cp.state == CheckpointState.WRITING and partial.name == layout.partial_name(STEP, cp.save_id)
 
-    assert _restore_here(root, url, stale_age=0) == 0
+    assert _restore_here(hot, url, stale_age=0) == 0
     assert not partial.exists()
     ((cp, _, _),) = _rows(url)
     assert cp.state == CheckpointState.ABANDONED  # was left "writing" for good
@@ -131,7 +132,7 @@ def test_on_two_nodes_rank_0_records_what_node_1_removed(tmp_path: Path) -> None
     roots, url = str(tmp_path / "node{rank}"), f"sqlite:///{tmp_path / 'catalog.db'}"
     _finish(_launch(2, roots, url, tmp_path, "--kill-at", "write"), tmp_path, -signal.SIGKILL)
     partials = {
-        node: [e.path for e in layout.scan(tmp_path / f"node{node}") if e.kind == "partial"]
+        node: [e.path for e in layout.scan(tmp_path / f"node{node}" / RUN) if e.kind == "partial"]
         for node in (0, 1)
     }
     assert [len(p) for p in partials.values()] == [1, 1], partials

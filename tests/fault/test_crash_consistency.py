@@ -26,14 +26,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_tiny.py"
 PHASES = ["staging", "writing", "manifest", "rename", "catalog"]
 ROUNDS = 20
+RUN = "tiny"  # train_tiny's default --run-name: its checkpoints are in <--root>/tiny
 
 
 def _start(root: Path, catalog: Path, log: Path) -> SupervisedProcess:
+    """Train the example with its checkpoints in ``root`` (the run's directory)."""
     argv = [
         sys.executable,
         str(EXAMPLE),
         "--root",
-        str(root),
+        str(root.parent),
+        "--run-name",
+        root.name,
         "--catalog",
         str(catalog),
         "--steps",
@@ -54,7 +58,7 @@ def _snapshot(root: Path) -> dict[int, bytes]:
 
 def test_sigkill_at_random_moments_never_loses_a_committed_checkpoint(tmp_path: Path) -> None:
     rng = random.Random(20261129)
-    root, catalog, log = tmp_path / "ckpt", tmp_path / "catalog.db", tmp_path / "train.log"
+    root, catalog, log = tmp_path / "ckpt" / RUN, tmp_path / "catalog.db", tmp_path / "train.log"
     known: dict[int, bytes] = {}
     killed_in: list[str] = []
     for round_no in range(ROUNDS):

@@ -252,7 +252,7 @@ def scenario_train(args: argparse.Namespace, node: int) -> dict[str, Any]:
     else:
         ckpt = Checkpointer(
             args.run,
-            Path(args.hot) / args.run,
+            args.hot,
             cadence=Cadence.every_steps(args.save_every),
             options=CheckpointOptions(deadline_s=60.0, on_busy="wait", stale_partial_age_s=0.0),
             fallback_tiers=[warm],
@@ -269,7 +269,7 @@ def scenario_train(args: argparse.Namespace, node: int) -> dict[str, Any]:
             if ckpt.topology.is_leader:  # one catalog for the job's leases, as a deployment's would be
                 catalog_url = f"sqlite:///{Path(args.out) / 'catalog.db'}"
                 promoted.append(
-                    promote_to_warm(PosixTier("hot", ckpt.root.parent), warm, args.run, step + 1, catalog_url)
+                    promote_to_warm(PosixTier("hot", ckpt.root), warm, args.run, step + 1, catalog_url)
                 )
             dist.barrier()
     ckpt.close()
@@ -286,7 +286,7 @@ def scenario_train(args: argparse.Namespace, node: int) -> dict[str, Any]:
 def scenario_restore_only(args: argparse.Namespace, node: int) -> dict[str, Any]:
     world = dist.get_world_size()
     model, optimizer, history, state = build(world)
-    ckpt = Checkpointer(RUN, Path(args.hot) / RUN, fallback_tiers=[PosixTier("warm", args.warm)])
+    ckpt = Checkpointer(RUN, args.hot, fallback_tiers=[PosixTier("warm", args.warm)])
     ckpt.restore(state)
     ckpt.close()
     local = model.table.to_local() if isinstance(model.table, DTensor) else model.table
@@ -312,7 +312,7 @@ def scenario_straggler(args: argparse.Namespace, node: int) -> dict[str, Any]:
     hook = StallOnce(4.0, None) if node == 1 else None
     ckpt = Checkpointer(
         "straggler",
-        Path(args.hot) / "straggler",
+        args.hot,
         cadence=Cadence.every_steps(4),
         options=CheckpointOptions(deadline_s=2.0, on_busy="skip", decision_grace_s=5.0),
         write_hook=hook,
@@ -335,14 +335,14 @@ def scenario_straggler(args: argparse.Namespace, node: int) -> dict[str, Any]:
 
 
 def scenario_corrupt(args: argparse.Namespace, node: int) -> dict[str, Any]:
-    root = Path(args.hot) / "straggler"
+    root = Path(args.hot) / "straggler"  # the straggler run's directory on this node
     newest = max(layout.committed_steps(root))
     rank = dist.get_rank()
     if node == 0 and rank == 0:
         flip_bit(root / layout.committed_name(newest) / "__1_0.distcp")
     dist.barrier()
     model, optimizer, history, state = build(dist.get_world_size())
-    ckpt = Checkpointer("straggler", root)
+    ckpt = Checkpointer("straggler", args.hot)
     ckpt.restore(state)
     ckpt.close()
     dist.barrier()
@@ -350,10 +350,10 @@ def scenario_corrupt(args: argparse.Namespace, node: int) -> dict[str, Any]:
 
 
 def scenario_inject(args: argparse.Namespace, node: int) -> dict[str, Any]:
-    root = Path(args.hot) / "inject"
+    root = Path(args.hot) / "inject"  # the inject run's directory on this node
     model, optimizer, history, state = build(dist.get_world_size())
     ckpt = Checkpointer(
-        "inject", root, cadence=Cadence.every_steps(2), options=CheckpointOptions(on_busy="wait")
+        "inject", args.hot, cadence=Cadence.every_steps(2), options=CheckpointOptions(on_busy="wait")
     )
     _loop(ckpt, state, model, optimizer, history, 4)
     ckpt.close()
@@ -369,7 +369,7 @@ def scenario_inject(args: argparse.Namespace, node: int) -> dict[str, Any]:
             flipped.append(str(target))
 
     model, optimizer, history, state = build(dist.get_world_size())
-    fresh = Checkpointer("inject", root, on_phase=flip_during_load)
+    fresh = Checkpointer("inject", args.hot, on_phase=flip_during_load)
     fresh.restore(state)
     fresh.close()
     dist.barrier()
@@ -387,7 +387,7 @@ SCENARIOS = {
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--hot", default="")
+    ap.add_argument("--hot", default="", help="the node's hot tier root; run R keeps <hot>/R/step-N")
     ap.add_argument("--warm", default="")
     ap.add_argument("--out", required=True)
     ap.add_argument("--scenarios", required=True)

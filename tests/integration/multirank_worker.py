@@ -6,10 +6,12 @@ Run one process per rank, with the same arguments except ``--rank``::
         --init-file /tmp/init --root /tmp/ckpt --out /tmp/out
 
 ``--mode`` lists scenarios run in order in one process group (importing torch costs seconds per
-process, so one launch runs several). Each scenario uses the checkpoint root ``<root>/<group>``
-(a restore reads the root its save wrote) and writes ``<out>/<scenario>/rank<R>.json`` (values as
-lists of floats: float32 -> float is exact, so the test compares with ``==``) and ``rank<R>.log``
-(the ``ckptflow`` loggers). Assertions live in the test; a scenario raises only when it cannot go on.
+process, so one launch runs several). Each scenario uses the hot tier root ``<root>/<group>``, its
+checkpoints in ``<root>/<group>/multirank/`` (a restore reads the root its save wrote; the resume
+scenarios' runs are ``resume-<wrapping>`` under ``<root>/resume``), and writes
+``<out>/<scenario>/rank<R>.json`` (values as lists of floats: float32 -> float is exact, so the test
+compares with ``==``) and ``rank<R>.log`` (the ``ckptflow`` loggers). Assertions live in the test; a
+scenario raises only when it cannot go on.
 
 Scenarios:
     save          DTensor (Shard(0)) module + replicated Linear/Adam after one step + RNG; save step 7.
@@ -379,7 +381,7 @@ def resume_loop(args: argparse.Namespace, wrapping: str, resume: bool) -> dict[s
     model, forward, optimizer = build_wrapped(wrapping, args.world)
     seed_rank_rng(100 + args.rank)  # every rank its own dropout masks, restored by RNGState
     state = {"app": ModelState(model, optimizer), "rng": RNGState()}
-    ckpt = Checkpointer(run=f"resume-{wrapping}", root=Path(args.root) / wrapping)
+    ckpt = Checkpointer(run=f"resume-{wrapping}", root=args.root)  # one run per wrapping, one hot root
     start = ckpt.restore(state) if resume else 0
     losses = []
     for step in range(start, RESUME_STEPS):
@@ -412,7 +414,7 @@ def mode_resume(args: argparse.Namespace, resume: bool) -> dict[str, Any]:
 # --- entry point ----------------------------------------------------------------------------------
 
 SCENARIOS = {
-    # name: (function, checkpoint root under --root): a restore reads the root its save wrote
+    # name: (function, hot tier root under --root): a restore reads the root its save wrote
     "save": (mode_save, "reshard"),
     "restore": (mode_restore, "reshard"),
     "straggler": (
@@ -428,7 +430,7 @@ SCENARIOS = {
 
 
 def run_scenario(name: str, args: argparse.Namespace) -> None:
-    """Run one scenario with its own checkpoint root, log and result files."""
+    """Run one scenario with its own hot tier root, log and result files."""
     function, root_name = SCENARIOS[name]
     out = Path(args.out) / name
     out.mkdir(parents=True, exist_ok=True)
@@ -463,7 +465,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world", type=int, required=True)
     parser.add_argument("--init-file", required=True, help="file for init_method=file://, must not exist yet")
-    parser.add_argument("--root", required=True, help="parent of the checkpoint roots of the scenarios")
+    parser.add_argument("--root", required=True, help="parent of the scenarios' hot tier roots")
     parser.add_argument("--out", required=True, help="results: <out>/<scenario>/rank<R>.json and .log")
     parser.add_argument(
         "--wait-for",

@@ -130,7 +130,7 @@ def save_checkpoint(made: Bench, run: str, step: int, mib: int) -> int:
     with Checkpointer.from_config(run, made.config) as ckpt:
         assert ckpt.save(step, state)
         ckpt.wait()
-        directory = ckpt.root / f"step-{step}"
+        directory = ckpt.run_dir / f"step-{step}"
     return read_manifest(directory).total_bytes
 
 

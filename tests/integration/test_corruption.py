@@ -51,7 +51,7 @@ def _snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[
 
 @dataclass
 class Saved:
-    root: Path
+    root: Path  # the run's directory, <hot tier root>/<RUN>
     step5: dict[str, torch.Tensor]
     step10: dict[str, torch.Tensor]
 
@@ -71,8 +71,9 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Saved:
     model = _model()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     state = {"app": ModelState(model, optimizer)}
-    root = tmp_path_factory.mktemp("template") / "root"
-    with Checkpointer(RUN, root) as ckpt:
+    hot = tmp_path_factory.mktemp("template") / "hot"
+    root = hot / RUN
+    with Checkpointer(RUN, hot) as ckpt:
         assert ckpt.restore(state) == 0
         for step in range(1, 6):
             _train_step(model, optimizer, step)
@@ -91,7 +92,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Saved:
 
 @pytest.fixture
 def saved(template: Saved, tmp_path: Path) -> Saved:
-    root = tmp_path / "root"
+    root = tmp_path / "hot" / RUN
     shutil.copytree(template.root, root, symlinks=True)
     return Saved(root, template.step5, template.step10)
 
@@ -176,10 +177,11 @@ def _quarantined(root: Path, step: int) -> list[Path]:
 
 
 def _restore_fresh(root: Path) -> tuple[int, torch.nn.Module, torch.optim.Optimizer, Checkpointer]:
+    """Restore the run whose directory is ``root`` (its parent is the hot tier root)."""
     torch.manual_seed(999)  # different initial weights: a restore that loads nothing is visible
     model = _model()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    ckpt = Checkpointer(RUN, root)
+    ckpt = Checkpointer(RUN, root.parent)
     try:
         step = ckpt.restore({"app": ModelState(model, optimizer)})
     finally:

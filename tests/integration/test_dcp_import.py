@@ -95,10 +95,11 @@ def _assert_equal(got: Any, want: Any) -> None:
         assert got == want
 
 
-def _restore(root: Path, run: str, template: dict[str, Any], url: str | None = None) -> tuple[int, Any, Any]:
-    """(the step restored, its report, the values loaded) through Checkpointer.restore."""
+def _restore(hot: Path, run: str, template: dict[str, Any], url: str | None = None) -> tuple[int, Any, Any]:
+    """(the step restored, its report, the values loaded) through Checkpointer.restore of ``run``
+    under the hot tier root ``hot`` (the import wrote into ``hot/<run>``)."""
     holder = Holder(template)
-    with Checkpointer(run, root, catalog=url) as ckpt:
+    with Checkpointer(run, hot, catalog=url) as ckpt:
         step = ckpt.restore({"app": holder})
     return step, ckpt.stats.restore, holder.values
 
@@ -144,7 +145,7 @@ def test_a_single_rank_stock_checkpoint_imports_and_restores_bit_exactly(
     assert manifest.format_version == 2 and [n.node for n in manifest.nodes] == [0]
     assert {f.node for f in manifest.files} == {0}
 
-    step, report, values = _restore(root, "titan", _zeros_like(saved), url)
+    step, report, values = _restore(tmp_path / "hot", "titan", _zeros_like(saved), url)
     assert step == 600
     _assert_equal(values, saved)
     data_bytes = sum(f.size for f in manifest.files if f.path != METADATA_NAME)
@@ -190,7 +191,7 @@ def test_a_two_rank_stock_checkpoint_imports_and_restores_bit_exactly(
     if kind == "nocoll":
         # Both ranks wrote the replicated tensor: one copy is .metadata's, the other an alternate.
         assert [a.fqn for a in manifest.alternates] == ["app.shared"]
-    restored, _, values = _restore(root, kind, _two_rank_template())
+    restored, _, values = _restore(tmp_path / "hot", kind, _two_rank_template())
     assert restored == step
     _assert_equal(
         values,

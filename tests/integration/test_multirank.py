@@ -27,21 +27,26 @@ pytestmark = pytest.mark.slow
 
 ROWS, COLS = 10, 5  # as in the worker: 5 + 5 rows on 2 ranks, 4 + 4 + 2 on 3
 SAVE_STEP = 7
+RUN = "multirank"  # the worker's run: each scenario's checkpoints are in <root>/<group>/multirank
 
 
 @dataclass
 class Runs:
-    root: Path
+    root: Path  # parent of the scenarios' hot tier roots (the workers' --root)
     two: Job  # save, straggler, restore-loop, skip, resave
     three: Job  # restore on 3 ranks
     one: Job  # restore on 1 rank
+
+    def run_dir(self, group: str) -> Path:
+        """Where the scenarios of ``group`` keep the run's checkpoints."""
+        return self.root / group / RUN
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     work = tmp_path_factory.mktemp("multirank")
     root = work / "ckpt"
-    saved = root / "reshard" / layout.committed_name(SAVE_STEP) / MANIFEST_NAME
+    saved = root / "reshard" / RUN / layout.committed_name(SAVE_STEP) / MANIFEST_NAME
     deadline = time.monotonic() + JOB_TIMEOUT_S
     two = start_job("world2", 2, ["save", "straggler", "restore-loop", "skip", "resave"], root, work)
     # Lower priority: they import on the cores the 2-rank job leaves idle while its loops sleep.
@@ -78,7 +83,8 @@ def test_save_on_two_ranks_commits_files_of_both_ranks(runs: Runs) -> None:
     assert saves[0]["linear"] == saves[1]["linear"], "the replicated model differs between ranks"
     assert saves[0]["draws"] != saves[1]["draws"], "ranks should draw different random streams"
 
-    root = runs.root / "reshard"
+    root = runs.run_dir("reshard")
+    assert [p.name for p in root.parent.iterdir()] == [RUN]  # the hot root holds the run's directory
     assert sorted(p.name for p in root.iterdir()) == [layout.committed_name(SAVE_STEP)]
     directory = root / layout.committed_name(SAVE_STEP)
     manifest = read_manifest(directory)
@@ -129,7 +135,7 @@ def test_restore_on_three_ranks_reshards_unevenly(runs: Runs) -> None:
 
 def test_straggler_abandons_the_save_and_training_continues(runs: Runs) -> None:
     r0, r1 = (runs.two.result("straggler", r) for r in range(2))
-    root = runs.root / "straggler"
+    root = runs.run_dir("straggler")
 
     # The first save (step 4) is ABANDONED by the coordinator, naming rank 1.
     assert r0["history"][0] == {"step": 4, "outcome": "abandoned", "missing_ranks": [1]}
@@ -168,7 +174,7 @@ def test_straggler_abandons_the_save_and_training_continues(runs: Runs) -> None:
 
 def test_fresh_restore_on_two_ranks_loads_the_newest_committed_step(runs: Runs) -> None:
     trained = runs.two.result("straggler", 0)
-    newest = committed_steps(runs.root / "straggler")[-1]
+    newest = committed_steps(runs.run_dir("straggler"))[-1]
     for rank in range(2):
         restored = runs.two.result("restore-loop", rank)
         assert restored["step"] == newest
@@ -205,4 +211,4 @@ def test_saving_a_step_again_after_an_abandoned_attempt_commits_one_attempt(runs
     # Every rank must restore the same attempt: here the newer one (2.0), written by both ranks.
     assert [r["restored"] for r in results] == [[2.0] * 4, [2.0] * 4], results
     assert [r["error"] for r in results] == [None, None]
-    assert sorted(p.name for p in (runs.root / "resave").iterdir()) == [layout.committed_name(4)]
+    assert sorted(p.name for p in runs.run_dir("resave").iterdir()) == [layout.committed_name(4)]

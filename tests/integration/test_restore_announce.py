@@ -40,7 +40,7 @@ def _staged_events(step: int, timeout_s: float = 30.0, wanted: int = 1) -> list:
 def test_a_restore_that_fetched_files_onto_this_node_announces_the_checkpoint_again(
     tmp_path: Path, shared_prefect: PrefectServer
 ) -> None:
-    hot, warm = tmp_path / "hot" / RUN, PosixTier("warm", tmp_path / "warm")
+    hot, warm = tmp_path / "hot", PosixTier("warm", tmp_path / "warm")
     model = torch.nn.Linear(8, 8)
     state = {"app": ModelState(model)}
 
@@ -56,7 +56,7 @@ def test_a_restore_that_fetched_files_onto_this_node_announces_the_checkpoint_ag
     first = checkpointer()
     assert first.save(5, state)
     first.close()
-    step_dir = hot / "step-5"
+    step_dir = hot / RUN / "step-5"
     warm.put(step_dir, read_manifest(step_dir))
     (saved,) = _staged_events(5)  # the save's own announcement
 

@@ -50,7 +50,7 @@ def _world(tmp_path: Path, seaweed: SeaweedServer, bucket: str, runs: dict[str, 
         for run, steps in runs.items():
             torch.manual_seed(len(run))
             model = torch.nn.Linear(64, 16)
-            with Checkpointer(run, tiers["hot"].run_dir(run), catalog=url) as ckpt:  # type: ignore[attr-defined]
+            with Checkpointer(run, tiers["hot"].root, catalog=url) as ckpt:  # type: ignore[attr-defined]
                 ckpt.restore({"app": ModelState(model)})
                 for step in steps:
                     assert ckpt.save(step, {"app": ModelState(model)}, metrics={"loss": 1.0 / step})

@@ -39,7 +39,7 @@ def test_scrub_repairs_a_replica_whose_manifest_is_not_the_committed_one(
     hot, warm = PosixTier("hot", tmp_path / "hot"), PosixTier("warm", tmp_path / "warm")
     torch.manual_seed(0)
     model = torch.nn.Linear(32, 8)
-    with Checkpointer(RUN, hot.run_dir(RUN), catalog=url) as ckpt:
+    with Checkpointer(RUN, hot.root, catalog=url) as ckpt:
         ckpt.restore({"app": ModelState(model)})
         assert ckpt.save(10, {"app": ModelState(model)}, metrics={"loss": 0.75})
     committed = (hot.path(RUN, 10) / MANIFEST_NAME).read_bytes()

@@ -64,10 +64,10 @@ def saved(tmp_path: Path) -> Path:
     optimizer.step()
     position = DataPosition()
     position.advance(17)
-    with Checkpointer("dcpio", tmp_path / "root") as ckpt:
+    with Checkpointer("dcpio", tmp_path / "hot") as ckpt:
         assert ckpt.save(3, {"app": ModelState(model, optimizer), "data": position})
         ckpt.wait()
-    return tmp_path / "root" / "step-3"
+    return tmp_path / "hot" / "dcpio" / "step-3"
 
 
 def _replace_metadata(directory: Path, data: bytes) -> None:
@@ -104,7 +104,7 @@ def test_real_checkpoint_loads_through_the_safe_reader(saved):
     model = torch.nn.Linear(4, 3)
     reference = {k: v.clone() for k, v in model.state_dict().items()}
     state = {"app": ModelState(model, torch.optim.Adam(model.parameters())), "data": DataPosition()}
-    with Checkpointer("dcpio", saved.parent) as ckpt:
+    with Checkpointer("dcpio", saved.parent.parent) as ckpt:
         assert ckpt.restore(state) == 3
     assert state["data"].consumed == 17
     assert not torch.equal(model.weight, reference["weight"])
@@ -237,7 +237,10 @@ def test_restore_refuses_a_malicious_metadata_file(saved, tmp_path):
     listing = sorted(p.name for p in saved.iterdir())
     model = torch.nn.Linear(4, 3)
     state = {"app": ModelState(model, torch.optim.Adam(model.parameters())), "data": DataPosition()}
-    with Checkpointer("dcpio", saved.parent) as ckpt, pytest.raises(UnsafeCheckpointError, match="system"):
+    with (
+        Checkpointer("dcpio", saved.parent.parent) as ckpt,
+        pytest.raises(UnsafeCheckpointError, match="system"),
+    ):
         ckpt.restore(state)
     assert not sentinel.exists()
     assert sorted(p.name for p in saved.iterdir()) == listing

@@ -118,16 +118,21 @@ def test_a_drill_that_restores_the_reference_passes_with_every_phase_timed(world
     seen: dict[str, object] = {}
 
     def job(spec: DrillSpec, step: int, scratch: Path) -> JobResult:
-        # What a scratch job would load: the fetched, verified copy in the scratch root.
+        # What a scratch job would load: the fetched, verified copy in the run's directory under the
+        # scratch hot root (the job's --root), where its Checkpointer looks.
         seen.update(
-            step=step, pins=_pins(catalog), files=sorted(p.name for p in (scratch / "root").iterdir())
+            step=step,
+            pins=_pins(catalog),
+            runs=sorted(p.name for p in (scratch / "root").iterdir()),
+            files=sorted(p.name for p in (scratch / "root" / spec.run).iterdir()),
         )
-        loss = read_manifest(scratch / "root" / f"step-{step}").metrics["eval_loss"]
+        loss = read_manifest(scratch / "root" / spec.run / f"step-{step}").metrics["eval_loss"]
         return JobResult(loss=loss, loss_at=time.time(), wall_s=0.01, ranks=[{"ok": True, "loss": loss}])
 
     drill, failure = _run(world, tmp_path, job)
     assert failure is None
-    assert seen == {"step": 20, "pins": [f"drill:{drill.id}"], "files": ["step-20"]}  # latest, pinned
+    # The latest step, pinned while the job ran, alone in the run's directory of the scratch root.
+    assert seen == {"step": 20, "pins": [f"drill:{drill.id}"], "runs": [RUN], "files": ["step-20"]}
     assert (drill.step, drill.saved_world_size, drill.reference_loss) == (20, 2, REFERENCE + 20)
     assert drill.loss_delta == 0.0 and 0 < drill.rto_s < 60
     assert {"choose_s", "fetch_s", "verify_s", "job_s", "load_s", "eval_s"} <= set(drill.phases)
@@ -140,7 +145,7 @@ def test_a_drill_that_restores_the_reference_passes_with_every_phase_timed(world
 
 def test_a_loss_off_by_more_than_the_tolerance_fails_on_the_loss_delta(world, tmp_path: Path) -> None:
     def job(spec: DrillSpec, step: int, scratch: Path) -> JobResult:
-        loss = read_manifest(scratch / "root" / f"step-{step}").metrics["eval_loss"] + 1e-3
+        loss = read_manifest(scratch / "root" / spec.run / f"step-{step}").metrics["eval_loss"] + 1e-3
         return JobResult(loss=loss, loss_at=time.time(), wall_s=0.01, ranks=[{"ok": True}])
 
     drill, failure = _run(world, tmp_path, job)

@@ -92,4 +92,5 @@ def test_restore_refuses_a_loader_that_cannot_resume_exactly(tmp_path: Path, mak
         with pytest.raises(ValueError, match=message) as raised:
             ckpt.restore({"train_data": make()})
     assert "state['train_data']" in str(raised.value) and "resumable_loader(" in str(raised.value)
-    assert not (tmp_path / "root").exists() or not any((tmp_path / "root").glob("step-*"))
+    run_dir = tmp_path / "root" / "loader"  # the run's directory under the hot root
+    assert not run_dir.exists() or not any(run_dir.glob("step-*"))

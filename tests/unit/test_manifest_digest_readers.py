@@ -29,9 +29,10 @@ def _state(seed: int) -> dict:
     return {"app": ModelState(model, torch.optim.SGD(model.parameters(), lr=0.1))}
 
 
-def _save(root: Path, url: str | None, steps: list[int]) -> dict:
+def _save(hot: Path, url: str | None, steps: list[int]) -> dict:
+    """Save ``steps`` of the run under the hot root ``hot`` (in ``hot/digest/step-N``)."""
     state = _state(0)
-    with Checkpointer(RUN, root, catalog=url) as ckpt:
+    with Checkpointer(RUN, hot, catalog=url) as ckpt:
         assert ckpt.restore(state) == 0
         for step in steps:
             assert ckpt.save(step, state, metrics={"loss": 0.5 + step})
@@ -49,7 +50,7 @@ def _change_a_digit(directory: Path, old: bytes, new: bytes) -> None:
 def test_a_saved_manifest_carries_its_digest_and_the_catalog_its_bytes_crc(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'catalog.db'}"
     _save(tmp_path / "hot", url, [3])
-    data = (tmp_path / "hot" / "step-3" / MANIFEST_NAME).read_bytes()
+    data = (tmp_path / "hot" / RUN / "step-3" / MANIFEST_NAME).read_bytes()
     body = json.loads(data)
     assert body["digest"] == content_digest(body)
     assert parse_manifest(data).metrics == {"loss": 3.5}
@@ -62,11 +63,12 @@ def test_a_saved_manifest_carries_its_digest_and_the_catalog_its_bytes_crc(tmp_p
 
 
 def test_restore_refuses_a_manifest_with_a_changed_metric_and_falls_back(tmp_path: Path) -> None:
-    root = tmp_path / "hot"
-    _save(root, None, [1, 2])
+    hot = tmp_path / "hot"
+    root = hot / RUN
+    _save(hot, None, [1, 2])
     _change_a_digit(root / "step-2", b'"loss": 2.5', b'"loss": 2.4')
     state = _state(1)
-    with Checkpointer(RUN, root) as ckpt:
+    with Checkpointer(RUN, hot) as ckpt:
         assert ckpt.restore(state) == 1  # was 2: the changed manifest was trusted
         report = ckpt.stats.restore
     assert report is not None and report.rejected and report.rejected[0][0] == 2
@@ -78,7 +80,7 @@ def test_restore_refuses_a_manifest_with_a_changed_metric_and_falls_back(tmp_pat
 def test_tiers_and_verify_refuse_it(tmp_path: Path) -> None:
     tier = PosixTier("warm", tmp_path / "warm")
     root = tier.run_dir(RUN)
-    _save(root, None, [4])
+    _save(tier.root, None, [4])
     _change_a_digit(root / "step-4", b'"step": 4', b'"step": 5')
     report = tier.verify(RUN, 4)
     assert not report.ok and report.problems[0].kind == "manifest"
@@ -88,8 +90,8 @@ def test_tiers_and_verify_refuse_it(tmp_path: Path) -> None:
 
 
 def test_sync_reports_it_unreadable_instead_of_recording_it(tmp_path: Path) -> None:
-    root = tmp_path / "hot"
-    _save(root, None, [6])
+    root = tmp_path / "hot" / RUN
+    _save(tmp_path / "hot", None, [6])
     _change_a_digit(root / "step-6", b'"loss": 6.5', b'"loss": 0.5')
     catalog = Catalog.open(f"sqlite:///{tmp_path / 'catalog.db'}")
     try:
@@ -109,7 +111,7 @@ def test_scrub_check_finds_a_manifest_that_is_not_the_committed_one(tmp_path: Pa
         f"  warm: {{kind: posix, root: {tmp_path / 'warm'}}}\n"
     )
     hot, warm = PosixTier("hot", tmp_path / "hot"), PosixTier("warm", tmp_path / "warm")
-    _save(hot.run_dir(RUN), url, [8])
+    _save(hot.root, url, [8])
     warm.put(hot.path(RUN, 8), read_manifest(hot.path(RUN, 8)))
     catalog = Catalog.open(url)
     try:

@@ -26,18 +26,19 @@ def _state(seed: int) -> dict:
     return {"app": ModelState(model, torch.optim.SGD(model.parameters(), lr=0.1))}
 
 
-def _leftover(root: Path, step: int) -> Path:
-    """Save ``step``, then remove its manifest, as a delete killed after that first change would."""
-    with Checkpointer(RUN, root) as ckpt:
+def _leftover(hot: Path, step: int) -> Path:
+    """Save ``step`` under the hot root ``hot``, then remove its manifest, as a delete killed after
+    that first change would."""
+    with Checkpointer(RUN, hot) as ckpt:
         assert ckpt.save(step, _state(0))
-    directory = root / layout.committed_name(step)
+    directory = hot / RUN / layout.committed_name(step)
     (directory / MANIFEST_NAME).unlink()
     return directory
 
 
-def _saved_again(root: Path, step: int, restore_first: bool) -> Checkpointer:
+def _saved_again(hot: Path, step: int, restore_first: bool) -> Checkpointer:
     state = _state(1)
-    with Checkpointer(RUN, root) as ckpt:
+    with Checkpointer(RUN, hot) as ckpt:
         if restore_first:
             assert ckpt.restore(state) == 0  # the leftover is no checkpoint to restore
         assert ckpt.save(step, state)
@@ -51,7 +52,7 @@ def test_a_save_of_the_step_commits_over_the_leftover(tmp_path: Path) -> None:
     assert (ckpt.stats.committed, ckpt.stats.skipped_existing) == (1, 0)
     assert verify_checkpoint(directory).ok
     assert read_manifest(directory).save_id == ckpt.stats.last.save_id
-    assert [e.name for e in (tmp_path / "hot").iterdir() if e.name.startswith("step-")] == ["step-7"]
+    assert [e.name for e in (tmp_path / "hot" / RUN).iterdir() if e.name.startswith("step-")] == ["step-7"]
 
 
 def test_after_a_restore_too(tmp_path: Path) -> None:
@@ -62,8 +63,9 @@ def test_after_a_restore_too(tmp_path: Path) -> None:
 
 
 def test_make_room_never_touches_a_checkpoint(tmp_path: Path) -> None:
-    root = tmp_path / "hot"
-    with Checkpointer(RUN, root) as ckpt:
+    hot = tmp_path / "hot"
+    root = hot / RUN
+    with Checkpointer(RUN, hot) as ckpt:
         assert ckpt.save(3, _state(0))
     committed = root / "step-3"
     before = sorted(p.name for p in committed.iterdir())
@@ -80,14 +82,15 @@ def test_a_save_that_loses_the_race_to_another_commit_is_abandoned_in_the_catalo
     # discarded as a duplicate, and its catalog row must not stay "writing" for good.
     from ckptflow.catalog import Catalog, CheckpointState
 
-    root, url = tmp_path / "hot", f"sqlite:///{tmp_path / 'catalog.db'}"
+    hot, url = tmp_path / "hot", f"sqlite:///{tmp_path / 'catalog.db'}"
+    root = hot / RUN
 
     def commit_first(phase: str) -> None:
         if phase == "rename":
             (root / "step-4").mkdir()
             (root / "step-4" / MANIFEST_NAME).write_text("{}")  # a checkpoint: never touched
 
-    with Checkpointer(RUN, root, catalog=url, on_phase=commit_first) as ckpt:
+    with Checkpointer(RUN, hot, catalog=url, on_phase=commit_first) as ckpt:
         assert ckpt.save(4, _state(0))
         stats = ckpt.wait()
     assert stats is not None and stats.outcome == "duplicate"

@@ -70,7 +70,7 @@ checkpoint:
         assert ckpt.options == CheckpointOptions(
             deadline_s=42.0, on_busy="wait", store="rank0", decision_grace_s=3
         )
-        assert ckpt.root == tmp_path / "hot" / "run1"
+        assert ckpt.root == tmp_path / "hot" and ckpt.run_dir == tmp_path / "hot" / "run1"
     finally:
         ckpt.close()
     assert dataclasses.is_dataclass(ckpt.options)

@@ -15,6 +15,8 @@ from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
 from ckptflow.training_hooks import Checkpointer
 from ckptflow.training_hooks.restore.reader import load_tensor_record
 
+RUN = "vr"
+
 
 class Tensors:
     def __init__(self, **tensors: torch.Tensor) -> None:
@@ -34,16 +36,17 @@ def _state(seed: int) -> dict[str, Tensors]:
     return {"app": Tensors(a=torch.randn(300, 70, generator=g), b=torch.randn(5000, generator=g))}
 
 
-def _save(root: Path) -> dict[str, Tensors]:
+def _save(hot: Path) -> dict[str, Tensors]:
+    """Save step 5 of the run under the hot root ``hot`` (in ``hot/vr/step-5``)."""
     state = _state(1)
-    with Checkpointer("vr", root) as ckpt:
+    with Checkpointer(RUN, hot) as ckpt:
         ckpt.save(5, state)
     return state
 
 
-def _restore(root: Path, **kwargs: Any) -> tuple[int, dict[str, Tensors], Checkpointer]:
+def _restore(hot: Path, **kwargs: Any) -> tuple[int, dict[str, Tensors], Checkpointer]:
     state = _state(2)
-    with Checkpointer("vr", root, **kwargs) as ckpt:
+    with Checkpointer(RUN, hot, **kwargs) as ckpt:
         step = ckpt.restore(state)
     return step, state, ckpt
 
@@ -70,7 +73,7 @@ def test_a_record_loads_as_torch_load_does_without_copying(tensor):
 
 def test_manifest_blocks_cover_every_item_and_restore_reads_each_byte_once(tmp_path):
     saved = _save(tmp_path)
-    manifest = read_manifest(tmp_path / layout.committed_name(5))
+    manifest = read_manifest(tmp_path / RUN / layout.committed_name(5))
     data = next(f for f in manifest.files if f.path.endswith(".distcp"))
     assert sum(length for _, length, _ in data.blocks) == data.size  # the items tile the file
     step, state, ckpt = _restore(tmp_path)
@@ -82,7 +85,7 @@ def test_manifest_blocks_cover_every_item_and_restore_reads_each_byte_once(tmp_p
 
 def test_a_flip_in_one_block_is_caught_and_the_live_state_stays_untouched(tmp_path):
     _save(tmp_path)
-    data = tmp_path / layout.committed_name(5) / "__0_0.distcp"
+    data = tmp_path / RUN / layout.committed_name(5) / "__0_0.distcp"
     raw = bytearray(data.read_bytes())
     raw[len(raw) - 100] ^= 0x10  # inside the last item (b), read after a has been loaded
     data.write_bytes(bytes(raw))
@@ -97,16 +100,16 @@ def test_a_flip_in_one_block_is_caught_and_the_live_state_stays_untouched(tmp_pa
 
 def test_a_restore_of_some_keys_verifies_only_the_spans_it_reads(tmp_path):
     _save(tmp_path)
-    manifest = read_manifest(tmp_path / layout.committed_name(5))
+    manifest = read_manifest(tmp_path / RUN / layout.committed_name(5))
     data = next(f for f in manifest.files if f.path.endswith(".distcp"))
     # Damage the first block (a); a restore of b alone never reads it, and must still succeed.
     offset, length, _ = data.blocks[0]
-    path = tmp_path / layout.committed_name(5) / data.path
+    path = tmp_path / RUN / layout.committed_name(5) / data.path
     raw = bytearray(path.read_bytes())
     raw[offset + length // 2] ^= 0x01
     path.write_bytes(bytes(raw))
     only_b = {"app": Tensors(b=torch.zeros(5000))}
-    with Checkpointer("vr", tmp_path) as ckpt:
+    with Checkpointer(RUN, tmp_path) as ckpt:
         assert ckpt.restore(only_b) == 5
     assert ckpt.stats.restore.bytes_read == data.size - length
     assert torch.equal(only_b["app"].tensors["b"], _state(1)["app"].tensors["b"])
@@ -114,7 +117,7 @@ def test_a_restore_of_some_keys_verifies_only_the_spans_it_reads(tmp_path):
 
 def test_a_format_1_checkpoint_restores_and_is_verified_whole(tmp_path):
     saved = _save(tmp_path)
-    directory = tmp_path / layout.committed_name(5)
+    directory = tmp_path / RUN / layout.committed_name(5)
     body = json.loads((directory / MANIFEST_NAME).read_bytes())
     body["format_version"] = 1
     for entry in body["files"]:

@@ -82,12 +82,12 @@ def restore(ctx: RestoreContext, state: dict[str, Any]) -> RestoreReport:
     topo = ctx.topology
     report = RestoreReport(node=topo.node, nodes=topo.node_count)
     if topo.is_leader:
-        removed = layout.remove_stale_partials(ctx.root, ctx.stale_partial_age_s)
+        removed = layout.remove_stale_partials(ctx.run_dir, ctx.stale_partial_age_s)
         report.removed_partials = [str(p) for p in removed]
         for path in removed:
             log.info("removed stale partial checkpoint directory %s", path)
     ctx.on_phase("restore:inventory")
-    mine = scan_node(ctx.root, topo.node) if topo.is_leader else None
+    mine = scan_node(ctx.run_dir, topo.node) if topo.is_leader else None
     listed = (_list_tiers(ctx), _list_peers(ctx)) if topo.is_coordinator else None
     gathered = ranks.all_gather((mine, [Path(p).name for p in report.removed_partials]))
     inventories = [inv for inv, _ in gathered if inv is not None]
@@ -123,7 +123,7 @@ def restore(ctx: RestoreContext, state: dict[str, Any]) -> RestoreReport:
     if topo.is_leader:
         for step in undecided_parts(inventories, tier_steps, topo.node):
             if step != report.step:
-                _discard_undecided(ctx.root, step)
+                _discard_undecided(ctx.run_dir, step)
     if topo.is_coordinator and ctx.record_unfinished is not None:
         _record_unfinished(ctx, removed_everywhere, inventories, tier_steps, report.step)
     return report
@@ -175,9 +175,9 @@ def _set_aside_superseded(ctx: RestoreContext, lost: dict[int, str], restored: i
     commit instead of meeting a stale ``step-N/``; rank 0 records them CORRUPT with the reason."""
     for step, why in sorted(lost.items()):
         reason = f"superseded: unrestorable ({why}); training resumed from step {restored}"
-        directory = ctx.root / layout.committed_name(step)
+        directory = ctx.run_dir / layout.committed_name(step)
         if ctx.topology.is_leader and directory.is_dir():
-            moved = layout.quarantine(ctx.root, directory, reason)
+            moved = layout.quarantine(ctx.run_dir, directory, reason)
             log.warning("step %d: this node's part moved to %s: %s", step, moved, reason)
         if ctx.topology.is_coordinator and ctx.record_corrupt is not None:
             ctx.record_corrupt(step, reason, None)
@@ -259,7 +259,7 @@ def _agree_on_decision(
     topo = ctx.topology
     damaged = {inv.node: h.damage for inv in inventories if (h := inv.steps.get(step)) and h.damage}
     if damaged:
-        where = ctx.root / layout.committed_name(step)
+        where = ctx.run_dir / layout.committed_name(step)
         _quarantine_nodes(ctx, step, {n: f"{where}/{why}" for n, why in damaged.items()}, inventories)
         return _Attempt(reason="; ".join(f"node {n}: {why}" for n, why in sorted(damaged.items())))
     source = manifest_holder(inventories, tier_steps, step)
@@ -283,7 +283,7 @@ def _agree_on_decision(
     manifest_bytes, metadata_bytes = value
     manifest = parse_manifest(manifest_bytes, where=f"step {step} manifest")
     metadata = load_metadata_safely(metadata_bytes)
-    directory = ctx.root / layout.committed_name(step)
+    directory = ctx.run_dir / layout.committed_name(step)
     return _Decided(step, manifest_bytes, metadata_bytes, manifest, metadata, directory)
 
 
@@ -399,9 +399,9 @@ def _quarantine_nodes(
     topo = ctx.topology
     moved: str | None = None
     if topo.is_leader and topo.node in reasons:
-        directory = ctx.root / layout.committed_name(step)
+        directory = ctx.run_dir / layout.committed_name(step)
         if directory.exists():
-            moved = str(layout.quarantine(ctx.root, directory, reasons[topo.node]))
+            moved = str(layout.quarantine(ctx.run_dir, directory, reasons[topo.node]))
             log.error(
                 "checkpoint step %d failed verification, quarantining this node's part (%s): %s",
                 step,

@@ -35,7 +35,7 @@ class RestoreCatalogSide:
     ``run`` on ``host``, whose hot root is ``root``."""
 
     run: str
-    root: Path
+    run_dir: Path  # this node's directory of the run: <hot tier root>/<run>
     host: str
     catalog: CatalogHandle | None
     events: EventPoster | None
@@ -81,7 +81,7 @@ class RestoreCatalogSide:
                     holder=holder,
                     purpose="restore-fetch",
                     ttl_s=self.fetch_timeout_s + 60.0,
-                    work_uri=str(self.root / layout.committed_name(step)),
+                    work_uri=str(self.run_dir / layout.committed_name(step)),
                     force=force,
                 )
                 if got is None or isinstance(got, LeaseGrant):

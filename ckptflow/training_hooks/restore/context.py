@@ -73,7 +73,7 @@ class RestoreContext:
     """What a restore needs besides the state."""
 
     run: str
-    root: Path
+    run_dir: Path  # this node's directory of the run: <hot tier root>/<run>
     topology: Topology
     store: CoordinationStore
     attempt_id: str  # unique to this restore call, equal on every rank (names store keys)

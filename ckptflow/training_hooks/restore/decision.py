@@ -24,7 +24,7 @@ from ckptflow.training_hooks.restore.context import RestoreContext
 def read_decision(ctx: RestoreContext, step: int, node: int | None, tier_name: str | None) -> tuple[str, Any]:
     """On the rank that holds them: the manifest and ``.metadata`` bytes of ``step``, verified."""
     if node is not None:
-        directory = ctx.root / layout.committed_name(step)
+        directory = ctx.run_dir / layout.committed_name(step)
         try:
             manifest_bytes = (directory / MANIFEST_NAME).read_bytes()
             metadata_bytes = (directory / METADATA_NAME).read_bytes()

@@ -42,7 +42,7 @@ def fetch_all(
     topo = ctx.topology
     members = topo.node_ranks
     assigned = [p for i, p in enumerate(node_needs) if members[i % len(members)] == topo.rank]
-    directory = ctx.root / layout.committed_name(step)
+    directory = ctx.run_dir / layout.committed_name(step)
     held_before = directory.is_dir() and any(p.is_file() for p in directory.iterdir())
     result: dict[str, Any] = {"ok": True, "bytes": 0, "files": 0}
     t0 = time.perf_counter()

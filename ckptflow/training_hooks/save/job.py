@@ -90,7 +90,7 @@ class SaveJob:
     """Everything the background thread needs; built by the training thread during the stall."""
 
     run: str
-    root: Path
+    run_dir: Path  # this node's directory of the run: <hot tier root>/<run>
     step: int
     save_id: str
     topology: Topology
@@ -112,11 +112,11 @@ class SaveJob:
 
     @property
     def partial_dir(self) -> Path:
-        return self.root / layout.partial_name(self.step, self.save_id)
+        return self.run_dir / layout.partial_name(self.step, self.save_id)
 
     @property
     def final_dir(self) -> Path:
-        return self.root / layout.committed_name(self.step)
+        return self.run_dir / layout.committed_name(self.step)
 
 
 def versions() -> dict[str, str]:
