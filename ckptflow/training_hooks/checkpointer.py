@@ -36,6 +36,7 @@ from ckptflow.training_hooks.cluster.nodes import Topology
 from ckptflow.training_hooks.commit.announce import EventPoster
 from ckptflow.training_hooks.commit.catalog_handle import CatalogHandle
 from ckptflow.training_hooks.errors import CheckpointSaveError
+from ckptflow.training_hooks.hot_root import run_directory
 from ckptflow.training_hooks.loaders import check_loaders
 from ckptflow.training_hooks.options import CheckpointOptions
 from ckptflow.training_hooks.restore.attempts import restore as restore_state
@@ -116,8 +117,7 @@ class Checkpointer:
             )
         self.run = run
         self.root = Path(root)
-        self.run_dir = self.root / run
-        self._check_root()
+        self.run_dir = run_directory(self.root, run)
         self.cadence = cadence if cadence is not None else Cadence.every_steps(100)
         self.options = options if options is not None else CheckpointOptions()
         self.write_hook = write_hook
@@ -181,31 +181,6 @@ class Checkpointer:
         return cls(run=run, **{**defaults, **kwargs})
 
     # --- set-up -----------------------------------------------------------------------------
-
-    def _check_root(self) -> None:
-        # Before the layout issue, root was the run's own directory; a caller who still passes one
-        # would write where the agent never looks (<root>/<run>/<run>): refuse it, naming the fix.
-        fix = ""
-        if self.root.name == self.run:
-            fix = f"it ends in the run's name: pass root={self.root.parent}"
-        elif self.root.is_dir() and not self.run_dir.exists() and _holds_steps(self.root):
-            fix = f"it holds checkpoints directly: move its step-N directories into {self.run_dir}"
-        if fix:
-            raise ValueError(
-                f"Checkpointer.root: {self.root} looks like the run's own directory ({fix}); root is "
-                "the hot tier's root and the Checkpointer appends the run, as ckptflow.yaml's "
-                "tiers.hot.root and the node's agent do"
-            )
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            probe = self.run_dir / f".ckptflow-probe-{secrets.token_hex(4)}"
-            probe.touch()
-            probe.unlink()
-        except OSError as exc:
-            raise ValueError(
-                f"Checkpointer.root: cannot create or write {self.run_dir} ({exc.strerror}); "
-                "pass a writable directory (the hot tier, e.g. node-local NVMe)"
-            ) from exc
 
     def _ensure_incarnation(self) -> str:
         # One id per process lifetime, agreed by all ranks: it names partial directories and store
@@ -505,8 +480,3 @@ class Checkpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _holds_steps(directory: Path) -> bool:
-    """Whether ``directory`` holds checkpoints of a run itself (``step-N`` or a partial of one)."""
-    return any(e.kind in ("committed", "incomplete", "partial") for e in layout.scan(directory))
