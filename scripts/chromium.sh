@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prints the path of a headless-capable Chromium for the browser test (tests/integration/test_ui_browser.py),
+# Prints the path of a headless-capable Chromium for the browser test (tests/integration/services/test_ui_browser.py),
 # installing Debian's `chromium` package with apt-get when none is found.
 #
 #   export CKPTFLOW_CHROMIUM=$(scripts/chromium.sh)

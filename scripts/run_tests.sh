@@ -18,7 +18,7 @@ if [ "${CKPTFLOW_SKIP_POSTGRES:-0}" != "1" ]; then
   fi
 fi
 
-# Headless Chromium for the Prefect UI check (tests/integration/test_ui_browser.py).
+# Headless Chromium for the Prefect UI check (tests/integration/services/test_ui_browser.py).
 if CKPTFLOW_CHROMIUM="$(bash scripts/chromium.sh)"; then
   export CKPTFLOW_CHROMIUM
 else

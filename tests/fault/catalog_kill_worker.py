@@ -1,9 +1,9 @@
 """One rank of a job that restores, then saves one step and is SIGKILLed at a chosen moment of it.
 
-Used by tests/fault/test_catalog_after_kill.py. Run one process per rank (``--world`` > 1: gloo over
-a file rendezvous); ``--root`` is the hot tier's root (the run's checkpoints go to ``<root>/killed``)
-and may contain ``{rank}``, so each rank gets a hot root of its own, and ranks with different roots
-are different nodes.
+Used by tests/fault/training_hooks/test_catalog_after_kill.py. Run one process per rank
+(``--world`` > 1: gloo over a file rendezvous); ``--root`` is the hot tier's root (the run's
+checkpoints go to ``<root>/killed``) and may contain ``{rank}``, so each rank gets a hot root of
+its own, and ranks with different roots are different nodes.
 
     python catalog_kill_worker.py --root /tmp/hot --catalog sqlite:///c.db --kill-at catalog
 

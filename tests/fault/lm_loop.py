@@ -3,8 +3,8 @@
 A small causal transformer LM with dropout, AdamW, a LambdaLR warm-up + cosine schedule, gradient
 clipping, a ``resumable_loader`` (torchdata ``StatefulDataLoader``) with 2 workers and its own
 generator, and random input corruption drawn from Python's and NumPy's generators in the loop (so
-their restore matters). Used by tests/fault/test_independent_loop.py, which SIGKILLs it at random
-moments and restarts it::
+their restore matters). Used by tests/fault/training_hooks/test_independent_loop.py, which SIGKILLs
+it at random moments and restarts it::
 
     python tests/fault/lm_loop.py --root /tmp/lm --steps 40 --result /tmp/lm.json
 

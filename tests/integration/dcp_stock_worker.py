@@ -1,5 +1,5 @@
 """One rank of a 2-rank gloo job that saves checkpoints with stock torch.distributed.checkpoint only
-(no ckptflow), for tests/integration/test_dcp_import.py to import and restore.
+(no ckptflow), for tests/integration/training_hooks/test_dcp_import.py to import and restore.
 
     python dcp_stock_worker.py --rank R --world 2 --init-file F --out DIR
 

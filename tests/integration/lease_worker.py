@@ -1,4 +1,4 @@
-"""A process that takes catalog leases, for tests/integration/test_leases.py.
+"""A process that takes catalog leases, for tests/integration/catalog/test_leases.py.
 
 ``contend URL LOG N``: take the lease on one key N times, each time writing "enter <pid>" and, after
 a short stretch of "work", "exit <pid>" to LOG (O_APPEND: each line one write), then release it;

@@ -1,4 +1,4 @@
-"""One rank of a multi-node job, for tests/integration/test_multinode.py (launched by torchrun
+"""One rank of a multi-node job, for tests/integration/training_hooks/test_multinode.py (launched by torchrun
 inside a simulated node: see simulated_nodes.py). Every rank runs the same scenarios, in order::
 
     multinode_worker.py --hot /mnt/hot --warm /shared/warm --out /shared/out --scenarios train,straggler

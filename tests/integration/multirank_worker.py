@@ -1,4 +1,4 @@
-"""One rank of a multi-process gloo job, for tests/integration/test_multirank.py.
+"""One rank of a multi-process gloo job, for tests/integration/training_hooks/test_multirank.py.
 
 Run one process per rank, with the same arguments except ``--rank``::
 
