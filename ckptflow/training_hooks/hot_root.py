@@ -2,9 +2,11 @@
 
 One meaning of "root" everywhere: ckptflow.yaml's ``tiers.hot.root``, ``PosixTier``, the node's agent
 and the Checkpointer all take the tier's root and keep a run's checkpoints in ``<root>/<run>/``. A
-root that is itself a run's directory (the meaning before the layout issue: it ends in the run's
-name, or holds ``step-N`` directories itself) is refused with the fix, never used: checkpoints written
-to ``<root>/<run>/<run>`` would be where the agent never looks.
+root that is itself a run's directory (the meaning before the layout issue: it holds ``step-N`` or
+partial directories itself, and no ``<run>/``) is refused with the fix, never used: checkpoints
+written to ``<root>/<run>/`` would be where the agent never looks, beside the ones it holds. Only
+what the directory holds is judged, not its name: a tier root may be named like a run
+(``tiers.hot.root: /nvme/llm`` with run ``llm``).
 """
 
 from __future__ import annotations
@@ -19,16 +21,14 @@ def run_directory(root: Path, run: str) -> Path:
     """``root / run``, created and writable; ``ValueError`` naming ``Checkpointer.root`` and the fix
     when ``root`` looks like a run's own directory or cannot be written."""
     run_dir = root / run
-    fix = ""
-    if root.name == run:
-        fix = f"it ends in the run's name: pass root={root.parent}"
-    elif root.is_dir() and not run_dir.exists() and _holds_steps(root):
-        fix = f"it holds checkpoints directly: move its step-N directories into {run_dir}"
-    if fix:
+    if root.is_dir() and not run_dir.exists() and _holds_steps(root):
+        fix = f"move its step-N directories into {run_dir}"
+        if root.name == run:
+            fix += f", or pass root={root.parent}"
         raise ValueError(
-            f"Checkpointer.root: {root} looks like the run's own directory ({fix}); root is the hot "
-            "tier's root and the Checkpointer appends the run, as ckptflow.yaml's tiers.hot.root and "
-            "the node's agent do"
+            f"Checkpointer.root: {root} looks like the run's own directory (it holds checkpoints "
+            f"directly): {fix}. root is the hot tier's root and the Checkpointer appends the run, as "
+            "ckptflow.yaml's tiers.hot.root and the node's agent do"
         )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -72,12 +72,25 @@ def test_another_runs_directory_beside_it_is_no_reason_to_refuse(tmp_path: Path)
     assert layout.committed_steps(hot / "other") == [3] and layout.committed_steps(hot / RUN) == [4]
 
 
-def test_a_root_named_after_the_run_is_refused_naming_its_parent(tmp_path: Path) -> None:
+def test_a_run_directory_with_checkpoints_under_the_run_name_is_refused_naming_its_parent(
+    tmp_path: Path,
+) -> None:
+    with Checkpointer(RUN, tmp_path / "written") as ckpt:
+        assert ckpt.save(3, _state(3))
+    old = tmp_path / "hot" / RUN  # what callers passed before: the run's own directory
+    shutil.move(tmp_path / "written" / RUN, old)
     before = _tree(tmp_path)
-    with pytest.raises(ValueError, match=re.escape(f"pass root={tmp_path / 'hot'}")) as raised:
-        Checkpointer(RUN, tmp_path / "hot" / RUN)
+    with pytest.raises(ValueError, match=re.escape(f"or pass root={tmp_path / 'hot'}")) as raised:
+        Checkpointer(RUN, old)
     assert "the hot tier's root" in str(raised.value)
-    assert _tree(tmp_path) == before  # nothing created: not hot/, not hot/demo/, not hot/demo/demo/
+    assert _tree(tmp_path) == before  # nothing created: no hot/demo/demo/
+
+
+def test_a_tier_root_named_like_the_run_is_a_tier_root(tmp_path: Path) -> None:
+    hot = tmp_path / RUN  # tiers.hot.root: /nvme/demo for run demo is a legitimate choice
+    with Checkpointer(RUN, hot) as ckpt:
+        assert ckpt.save(1, _state(1))
+    assert layout.committed_steps(hot / RUN) == [1]
 
 
 def test_a_root_that_holds_checkpoints_itself_is_refused_naming_where_they_go(tmp_path: Path) -> None:
