@@ -95,7 +95,7 @@ def one_save(
                     assert not absent, absent
                 timings["parts_in"] = time.perf_counter()
                 body = {"metadata": "00" * 1024, "manifest": "x" * manifest_size}
-                round_.publish_decision(Decision(DecisionOutcome.COMMITTED, body=body))
+                round_.decide(Decision(DecisionOutcome.COMMITTED, body=body))
                 timings["decided"] = time.perf_counter()
             decision = round_.await_decision()
             assert decision is not None and decision.outcome == DecisionOutcome.COMMITTED

@@ -82,6 +82,15 @@ class CoordinationStore:
         got = self._call(f"get_if_present {key}", self._store.compare_set, key, _ABSENT, _ABSENT)
         return None if got == _ABSENT else got  # type: ignore[return-value]
 
+    def set_if_absent(self, key: str, value: bytes) -> bytes:
+        """Store ``value`` under ``key`` unless the key holds a value already; return the value the
+        key holds afterwards: one atomic ``compare_set`` (expected: no value), so of several
+        writers the first wins and every one of them reads the same answer. ``value`` must not be
+        empty."""
+        if not value:
+            raise ValueError("set_if_absent: an empty value cannot be told from no value")
+        return self._call(f"set_if_absent {key}", self._store.compare_set, key, b"", value)  # type: ignore[return-value]
+
     def multi_get(self, keys: Sequence[str]) -> list[bytes]:
         if not keys:
             return []

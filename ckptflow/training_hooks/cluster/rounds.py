@@ -35,6 +35,12 @@ class StoreRound:
         """Post ``body`` (JSON-serializable) under ``name``."""
         self.store.set(self.key(name), json.dumps(body).encode())
 
+    def decide(self, name: str, body: Any) -> Any:
+        """Post ``body`` under ``name`` unless someone posted there first; return the body that
+        holds (first writer wins, atomically): every participant that decides, or reads, acts on
+        the same answer."""
+        return json.loads(self.store.set_if_absent(self.key(name), json.dumps(body).encode()))
+
     def read_if_present(self, name: str) -> Any | None:
         """The body under ``name``, or None if none is (yet, or any more) posted: one atomic read,
         so a round deleted meanwhile never turns into a wait for a key that will not come."""

@@ -12,8 +12,10 @@ Keys live under ``ckptflow/<run>/<save id>/`` (unique per attempt) and are delet
 Every wait is bounded by the save's deadline (``deadline``, a ``time.monotonic()`` value taken when
 the save's stall began, on every rank within the same millisecond-scale window): ranks report to
 their leader, leaders to the coordinator, by the deadline. The coordinator decides by the deadline
-or abandons; leaders wait for the decision until ``deadline + grace_s`` and treat silence as
-"not committed". Nothing here runs on the training thread.
+or abandons; leaders wait for the decision until ``deadline + grace_s`` and then decide "abandoned"
+themselves. Whoever decides writes the ``decision`` key by compare-and-set (:meth:`CommitRound.decide`):
+the first writer wins and everybody acts on what the key holds, so a coordinator that decides late
+and a leader that gave up can never disagree. Nothing here runs on the training thread.
 """
 
 from __future__ import annotations
@@ -129,11 +131,19 @@ class CommitRound:
     def publish_part(self, part: dict[str, Any]) -> None:
         self._round.post(f"part/{self.topology.node}", part)
 
-    def await_decision(self) -> Decision | None:
-        """The coordinator's decision, or None if none came by ``deadline + grace_s`` (or the round
-        was forgotten meanwhile)."""
+    def await_decision(self) -> Decision:
+        """The decision: the coordinator's, or, if none came by ``deadline + grace_s``, ABANDONED
+        decided by this leader, unless the coordinator's arrives first after all (:meth:`decide`:
+        the first writer wins, so this node and the coordinator always act on the same outcome)."""
         body = self._round.await_one("decision", self.remaining(self.grace_s))
-        return None if body is None else Decision.from_json(body)
+        if body is not None:
+            return Decision.from_json(body)
+        late = Decision(
+            DecisionOutcome.ABANDONED,
+            f"no decision from the coordinator within the deadline + {self.grace_s:g} s grace "
+            f"({self.topology.describe_node(self.topology.node)} gave up waiting)",
+        )
+        return self.decide(late)
 
     def acknowledge(self) -> None:
         """This node has read the decision (and, if committed, made it durable). The last node to
@@ -154,8 +164,11 @@ class CommitRound:
         parts = {k: bodies[f"part/{k}"] for k in others if f"part/{k}" in bodies}
         return parts, sorted(set(others) - set(parts))
 
-    def publish_decision(self, decision: Decision) -> None:
-        self._round.post("decision", decision.to_json())
+    def decide(self, decision: Decision) -> Decision:
+        """Make ``decision`` the round's decision unless another was made first; return the one that
+        holds. One compare-and-set on one key: the coordinator's outcome and a leader's "no decision
+        in time" can never both stand."""
+        return Decision.from_json(self._round.decide("decision", decision.to_json()))
 
     def await_acks(self, nodes: list[int]) -> list[int]:
         """Wait (up to ``grace_s``) until every node in ``nodes`` confirmed; return those that did not."""

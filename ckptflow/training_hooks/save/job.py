@@ -42,7 +42,6 @@ from ckptflow.training_hooks.save.writer import make_writer
 log = logging.getLogger("ckptflow.save")
 
 PhaseHook = Callable[[str], None]
-STRAGGLER_WAIT_S = 600.0  # at least this long, a leader waits for its node's late writers to let go
 
 
 class SaveOutcome(StrEnum):
@@ -140,6 +139,8 @@ def run_save_job(job: SaveJob) -> SaveStats:
             CommitRound(job.store, topology, job.run, job.previous_save_id, 0.0, 0.0).forget_round()
         except StoreUnavailable as exc:
             log.warning("could not delete the keys of save %s: %s", job.previous_save_id, exc)
+    if topology.is_leader:
+        _remove_abandoned_partials(job)
     partial = job.partial_dir
     partial.mkdir(parents=True, exist_ok=True)
     try:
@@ -159,8 +160,11 @@ def run_save_job(job: SaveJob) -> SaveStats:
                 return stats
             _lead_node(job, round_, report, stats, stack)
     except StoreUnavailable as exc:
+        # No decision could be read: this attempt is over here, but a part already committed on
+        # this node stays (undecided) if the coordinator may have decided it. Restore settles it:
+        # the decision found on another node is written back, a part nobody decided is removed.
         _abandon(job, stats, f"the coordination store is unreachable ({exc})", [], [])
-        _clean_up(job, round_, quiet=True)
+        _clean_up(job, round_, quiet=True, keep_committed_part=True)
     finally:
         stats.store_ops = job.store.ops - ops_before
     return stats
@@ -199,7 +203,7 @@ def _lead_node(
         reason = f"{_ranks_text(late)} of {where} missed the {job.deadline_s:g} s deadline"
         if topology.node_count == 1:
             _abandon(job, stats, reason, [topology.node], late)
-            round_.publish_decision(Decision(DecisionOutcome.ABANDONED, reason, [topology.node], late))
+            round_.decide(Decision(DecisionOutcome.ABANDONED, reason, [topology.node], late))
         else:
             round_.publish_part({"node": topology.node, "missing_ranks": late})
             if topology.is_coordinator:
@@ -259,10 +263,11 @@ def _decide(
         late_ranks = sorted(set(late_ranks)) or list(topology.node_ranks)
         names = "; ".join(topology.describe_node(k) for k in late_nodes)
         reason = f"{names} missed the {job.deadline_s:g} s deadline (ranks {late_ranks})"
-        round_.publish_decision(Decision(DecisionOutcome.ABANDONED, reason, late_nodes, late_ranks))
+        round_.decide(Decision(DecisionOutcome.ABANDONED, reason, late_nodes, late_ranks))
         return
     metadata, manifest = _build(job, reports)
-    round_.publish_decision(
+    job.on_phase("deciding")
+    round_.decide(
         Decision(
             DecisionOutcome.COMMITTED,
             body={"metadata": metadata.hex(), "manifest": manifest.to_json().decode()},
@@ -273,37 +278,51 @@ def _decide(
 
 
 def _follow(job: SaveJob, round_: CommitRound, stats: SaveStats, part_committed: bool) -> None:
-    """Every leader: make the decision durable on this node, or take the part back."""
+    """Every leader: make the decision durable on this node, or take the part back.
+
+    The decision is the round's one compare-and-set value (:meth:`CommitRound.await_decision`), so
+    every leader acts on the coordinator's outcome. Once a committed decision is durable on this
+    node nothing can undo it: a store that fails afterwards (acknowledgements) is logged, and the
+    coordinator still records the commit and announces it."""
     decision = round_.await_decision()
     topology = job.topology
-    if decision is None:
-        reason = f"no decision from the coordinator within the deadline + {job.grace_s:g} s grace"
-        _abandon(job, stats, reason, [], [])
-        round_.forget_part()
-        return
     if decision.outcome == DecisionOutcome.COMMITTED and part_committed:
         metadata = bytes.fromhex(decision.body["metadata"])
         manifest_json = decision.body["manifest"].encode()
         job.on_phase("manifest")
         commit_files.write_decision(job.final_dir, metadata, manifest_json)
-        if not topology.is_coordinator:
-            round_.acknowledge()
         stats.outcome = SaveOutcome.COMMITTED
         stats.total_s = time.monotonic() - job.started
-        if topology.is_coordinator:
-            # The staged event starts every node's promotion: first every node must hold the manifest.
-            unconfirmed = round_.await_acks([k for k in range(topology.node_count) if k != topology.node])
-            if unconfirmed:
-                log.warning(
-                    "step %d committed, but %s did not confirm writing the decision; restore repairs it",
-                    job.step,
-                    "; ".join(topology.describe_node(k) for k in unconfirmed),
-                )
-            round_.acknowledge()
-            _after_commit(job, stats, metadata, manifest_json)
+        if not topology.is_coordinator:
+            _acknowledge(job, round_)
+            return
+        # The staged event starts every node's promotion: first every node should hold the manifest.
+        others = [k for k in range(topology.node_count) if k != topology.node]
+        try:
+            unconfirmed = round_.await_acks(others)
+        except StoreUnavailable as exc:
+            log.warning("step %d committed; the store is gone, acknowledgements unknown: %s", job.step, exc)
+            unconfirmed = others
+        if unconfirmed:
+            log.warning(
+                "step %d committed, but %s did not confirm writing the decision; restore repairs it",
+                job.step,
+                "; ".join(topology.describe_node(k) for k in unconfirmed),
+            )
+        _acknowledge(job, round_)
+        _after_commit(job, stats, metadata, manifest_json)
         return
-    round_.acknowledge()
+    _acknowledge(job, round_)
     _abandon(job, stats, decision.reason or "abandoned", decision.missing_nodes, decision.missing_ranks)
+
+
+def _acknowledge(job: SaveJob, round_: CommitRound) -> None:
+    """Acknowledge the decision; a store that fails now changes nothing (the decision is read and
+    acted on): it is logged, and the round's keys go with the store."""
+    try:
+        round_.acknowledge()
+    except StoreUnavailable as exc:
+        log.warning("step %d: could not acknowledge the decision (%s); it stands", job.step, exc)
 
 
 def _commit_single_node(job: SaveJob, reports: dict[int, commit_files.RankReport], stats: SaveStats) -> None:
@@ -355,28 +374,52 @@ def _abandon(job: SaveJob, stats: SaveStats, reason: str, nodes: list[int], rank
         )
 
 
-def _clean_up(job: SaveJob, round_: CommitRound, quiet: bool = False) -> None:
-    """A leader removes this node's files of an abandoned attempt, once no rank writes them."""
+def _clean_up(
+    job: SaveJob, round_: CommitRound, quiet: bool = False, keep_committed_part: bool = False
+) -> None:
+    """A leader removes this node's files of an abandoned attempt that no rank writes any more.
+
+    A straggler still writing is not waited for: its rank stays busy, so at most the next save is
+    skipped, and the leader's next save removes what it left (:func:`_remove_abandoned_partials`)
+    once it let go. A dead writer's lock is gone with its process."""
     if not job.topology.is_leader:
         return
-    # A live straggler still writing keeps its rank busy, so no new save starts before it finishes
-    # anyway: waiting for it costs nothing. A dead one's lock is gone with its process.
-    give_up = time.monotonic() + max(STRAGGLER_WAIT_S, 10 * job.deadline_s)
-    while layout.someone_writes(job.partial_dir) and time.monotonic() < give_up:
-        time.sleep(0.05)
-    commit_files.discard(job.partial_dir)
+    if not layout.someone_writes(job.partial_dir):
+        commit_files.discard(job.partial_dir)
     record = commit_files.read_part(job.final_dir)
     if (
-        record is not None
+        not keep_committed_part
+        and record is not None
         and record.get("save_id") == job.save_id
         and not (job.final_dir / MANIFEST_NAME).exists()
     ):
         commit_files.discard(job.final_dir)
+    elif keep_committed_part and record is not None and record.get("save_id") == job.save_id:
+        log.warning(
+            "step %d: this node's committed part is kept undecided (%s): the next restore writes the "
+            "decision back if the coordinator made one, and removes the part if nobody did",
+            job.step,
+            job.final_dir,
+        )
     try:
         round_.forget_node_reports()
     except StoreUnavailable:
         if not quiet:
             log.warning("step %d: could not delete this node's report keys (store unreachable)", job.step)
+
+
+def _remove_abandoned_partials(job: SaveJob) -> None:
+    """A leader, before writing: the partial directories of this process's earlier attempts that no
+    rank writes any more (an abandoned attempt whose straggler has finished since) are removed.
+    Only this incarnation's: a partial of another process is restore's to judge, by its age."""
+    incarnation = job.save_id.split("-", 1)[0]
+    for entry in layout.scan(job.run_dir):
+        parsed = layout.parse_partial(entry.path.name) if entry.kind == "partial" else None
+        if parsed is None or parsed[1] == job.save_id or not parsed[1].startswith(f"{incarnation}-"):
+            continue
+        if not layout.someone_writes(entry.path):
+            log.info("removing %s: an abandoned attempt, its last writer gone", entry.path)
+            commit_files.discard(entry.path)
 
 
 def _after_commit(job: SaveJob, stats: SaveStats, metadata: bytes, manifest_json: bytes) -> None:

@@ -72,10 +72,9 @@ def leader(round_: CommitRound, publish: bool = True):
                 if late
                 else Decision(DecisionOutcome.COMMITTED, body={"m": 1})
             )
-            round_.publish_decision(outcome)
+            round_.decide(outcome)
         decision = round_.await_decision()
-        if decision is not None:
-            round_.acknowledge()
+        round_.acknowledge()
         return reports, missing, decision
 
     return body
@@ -117,19 +116,46 @@ def test_a_rank_missing_on_a_node_is_reported_by_its_leader(server):
     assert results[2][2].outcome == DecisionOutcome.ABANDONED
 
 
-def test_no_decision_by_the_deadline_plus_grace_reads_as_none(server):
+def test_no_decision_by_the_deadline_plus_grace_is_decided_abandoned_by_the_leader(server):
     _, port = server
     r = rounds(port, deadline_s=0.3, grace_s=0.5)
     t0 = time.monotonic()
-    assert r[2].await_decision() is None
+    decision = r[2].await_decision()
     assert 0.7 <= time.monotonic() - t0 < 5.0
+    assert decision.outcome == DecisionOutcome.ABANDONED and "gave up waiting" in decision.reason
+    # The coordinator that decides afterwards reads the leader's outcome: one decision, never two.
+    late = r[0].decide(Decision(DecisionOutcome.COMMITTED, body={"m": 1}))
+    assert late.outcome == DecisionOutcome.ABANDONED and r[0].decision_if_made() == late
+
+
+def test_a_coordinator_decision_that_lands_first_is_what_a_giving_up_leader_reads(server):
+    _, port = server
+    r = rounds(port, deadline_s=0.0, grace_s=0.0)
+    r[0].decide(Decision(DecisionOutcome.COMMITTED, body={"m": 1}))
+    # The leader's wait is already over, so it decides "abandoned", and gets the coordinator's.
+    assert r[2].decide(Decision(DecisionOutcome.ABANDONED, "late")).outcome == DecisionOutcome.COMMITTED
+    assert r[2].await_decision().outcome == DecisionOutcome.COMMITTED
+
+
+def test_leaders_racing_the_coordinator_all_read_one_outcome(server):
+    _, port = server
+    for attempt in range(20):
+        rs = [
+            CommitRound(client(port), Topology(r, 4, NODES, HOSTS), "run", f"race-{attempt}", 0.0, 0.0)
+            for r in (0, 2)
+        ]
+        results = run_threads(
+            lambda rs=rs: rs[0].decide(Decision(DecisionOutcome.COMMITTED, body={"m": 1})).outcome,
+            lambda rs=rs: rs[1].await_decision().outcome,
+        )
+        assert results[0] == results[1], attempt
 
 
 def test_a_late_straggler_finds_the_decision_before_reporting(server):
     _, port = server
     r = rounds(port, deadline_s=0.1)
     assert r[1].decision_if_made() is None
-    r[0].publish_decision(Decision(DecisionOutcome.ABANDONED, "late", [0], [1]))
+    r[0].decide(Decision(DecisionOutcome.ABANDONED, "late", [0], [1]))
     found = r[1].decision_if_made()
     assert found is not None and found.outcome == DecisionOutcome.ABANDONED and found.missing_ranks == [1]
 
@@ -165,7 +191,7 @@ def test_a_straggler_asking_while_the_round_is_deleted_never_waits(server):
 
     def flip() -> None:
         while not stop.is_set():
-            flipper.publish_decision(Decision(DecisionOutcome.ABANDONED, "late", [1], [2]))
+            flipper.decide(Decision(DecisionOutcome.ABANDONED, "late", [1], [2]))
             flipper.forget_round()
 
     thread = threading.Thread(target=flip)
