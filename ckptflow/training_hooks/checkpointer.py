@@ -26,7 +26,7 @@ from typing import Any
 from ckptflow.policy.config import load_config
 from ckptflow.storage import layout
 from ckptflow.storage.from_config import build_tiers
-from ckptflow.storage.manifest import MANIFEST_NAME, finite_metrics
+from ckptflow.storage.manifest import finite_metrics
 from ckptflow.storage.run_names import check_run_name
 from ckptflow.storage.tier import Tier
 from ckptflow.training_hooks.cadence import Cadence, CadenceMode
@@ -144,6 +144,7 @@ class Checkpointer:
         self._store: CoordinationStore | None = None
         self._restores = 0
         self._last_save_id: str | None = None
+        self._restored_step: int | None = None  # restored by this process and not saved since
         self._closed = False
         self.stats = CheckpointerStats()
 
@@ -272,6 +273,7 @@ class Checkpointer:
         if report.path is not None and report.fetched_hosts and self._events is not None:
             side.announce_again(report, occasion=f"restored-{self._incarnation}-{self._restores}")
         self.stats.restore = report
+        self._restored_step = step if report.path is not None else None
         self.cadence.record_save(step)
         log.info("%s", report.describe())
         return step
@@ -357,6 +359,7 @@ class Checkpointer:
             previous_save_id=self._last_save_id,
         )
         self._last_save_id = save_id
+        self._restored_step = None
         self.cadence.observe_stall(stall)
         self.cadence.record_save(step)
         self.stats.saves_started += 1
@@ -364,28 +367,48 @@ class Checkpointer:
         return True
 
     def _may_start(self, step: int) -> bool:
-        """Whether every rank may start saving ``step`` now (a collective): not if any rank's node
-        already holds it committed, nor, with ``on_busy='skip'``, while any rank still writes the
-        previous save (counted and logged)."""
+        """Whether every rank may start saving ``step`` now (a collective of a few bytes per rank).
+
+        Not with ``on_busy='skip'`` while any rank still writes the previous save (counted, logged
+        naming the first busy rank); not for the step this process restored and has not saved since
+        (it is that checkpoint). Any other ``step-N`` a node still holds belongs to a history this
+        run left when it resumed from an older step: each node moves its committed copy aside
+        (quarantine, never deleted) and the save goes on. (A ``step-N`` without a manifest is no
+        checkpoint: the publish moves it out of the way.)"""
         busy = self._inflight is not None and not self._inflight.done()
-        exists = (self.run_dir / layout.committed_name(step) / MANIFEST_NAME).is_file()
-        flags = ranks.all_gather((busy, exists))
-        if any(e for _, e in flags):
+        held = (self.run_dir / layout.committed_name(step)).is_dir()
+        busy_ranks, nodes_holding = ranks.reduce_ints(
+            [int(busy), int(held and self.topology.is_leader)], "sum"
+        )
+        (first_busy,) = ranks.reduce_ints([self.rank if busy else self.world_size], "min")
+        if nodes_holding and step == self._restored_step:
             self.stats.skipped_existing += 1
-            log.info("step %d is already committed; save is a no-op", step)
+            log.info("step %d is the checkpoint this process restored; save is a no-op", step)
             return False
-        busy_ranks = [r for r, (b, _) in enumerate(flags) if b]
         if busy_ranks and self.options.on_busy == "skip":
             self.stats.skipped_busy += 1
+            others = f" and {busy_ranks - 1} other rank(s)" if busy_ranks > 1 else ""
             log.warning(
-                "save of step %d skipped: the previous save is still being written on rank(s) %s "
+                "save of step %d skipped: the previous save is still being written on rank %d%s "
                 "(%d skipped so far; on_busy='wait' blocks instead)",
                 step,
-                busy_ranks,
+                first_busy,
+                others,
                 self.stats.skipped_busy,
             )
             return False
+        if held and self.topology.is_leader:
+            self._set_aside_stale(step)
         return True
+
+    def _set_aside_stale(self, step: int) -> None:
+        """Move this node's ``step-N`` of another history aside (a new save of the step follows)."""
+        directory = self.run_dir / layout.committed_name(step)
+        resumed = f"resumed from step {self._restored_step}" if self._restored_step is not None else "started"
+        reason = f"superseded: step {step} is being saved again by a run that {resumed} after it was written"
+        moved = layout.quarantine(self.run_dir, directory, reason)
+        self.stats.superseded += 1
+        log.warning("step %d: this node's earlier copy moved to %s (%s)", step, moved, reason)
 
     def _run_timed_job(self, job: SaveJob) -> SaveStats:
         try:

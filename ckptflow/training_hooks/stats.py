@@ -20,7 +20,8 @@ class CheckpointerStats:
     abandoned: int = 0
     failed: int = 0
     skipped_busy: int = 0
-    skipped_existing: int = 0
+    skipped_existing: int = 0  # the step this process restored, saved again before any other
+    superseded: int = 0  # step-N directories of another history this node moved aside to save N again
     # Committed saves whose catalog write or staged event failed afterwards (each logged; the
     # checkpoint is committed all the same): see SaveStats.after_commit_errors.
     after_commit_errors: int = 0
