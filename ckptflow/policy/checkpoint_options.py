@@ -111,7 +111,10 @@ class CheckpointOptions:
             a node that misses it makes that checkpoint ABANDONED (the nodes and ranks are named) and
             training goes on. Never blocks the training loop.
         decision_grace_s: how much longer than ``deadline_s`` a node waits for the coordinator's
-            decision before it treats the checkpoint as not committed and removes its part.
+            decision before it decides the checkpoint abandoned itself and removes its part (the
+            first decision written stands, so both sides always agree). At least 1 s: the
+            coordinator builds the decision after the deadline, and a shorter grace makes nodes
+            give up while it does, abandoning checkpoints whose every part arrived in time.
         store: the coordination store: ``"auto"`` (the torchrun/``MASTER_ADDR`` store when set,
             else one hosted by rank 0), ``"env"`` (require ``MASTER_ADDR``/``MASTER_PORT``) or
             ``"rank0"``. Always a dedicated client, never the training process group.
@@ -123,6 +126,11 @@ class CheckpointOptions:
             lack files fetch them from warm or cold (waited on the store, not the process group).
         stale_partial_age_s: at restore, partial directories older than this with no live writer
             are removed from the node's disk.
+        quarantine_keep_s: how long a node keeps what restore or a save set aside in its
+            ``quarantine/`` (corrupt, unreadable or superseded copies, kept for a person to look
+            at) before its next restore removes it (default 7 days); a save that finds the disk
+            without room for another checkpoint of the last one's size removes the oldest first.
+            Every removal is logged, and recorded in the catalog's event log.
         verify_workers: threads per rank that read and verify files at restore (default 2; at most
             256).
         event_timeout_s: how long the background thread waits for the Prefect API to accept the
@@ -135,12 +143,13 @@ class CheckpointOptions:
 
     on_busy: Literal["skip", "wait"] = "skip"
     deadline_s: float = _option(600.0, seconds(gt=0))
-    decision_grace_s: float = _option(30.0, seconds(ge=0))
+    decision_grace_s: float = _option(30.0, seconds(ge=1))
     store: Literal["auto", "env", "rank0"] = "auto"
     store_host: str | None = _option(None, Text("a host name or address"))
     store_timeout_s: float = _option(300.0, seconds(gt=0))
     fetch_timeout_s: float = _option(6 * 3600.0, seconds(gt=0))
     stale_partial_age_s: float = _option(60.0, seconds(ge=0))
+    quarantine_keep_s: float = _option(7 * 24 * 3600.0, seconds(ge=0))
     verify_workers: int | None = _option(None, count(ge=1, le=256))
     event_timeout_s: float = _option(5.0, seconds(gt=0, le=120))
     reserve_staging: bool = _option(True, Flag())

@@ -248,6 +248,8 @@ class Checkpointer:
             workers=self.options.verify_workers or 2,
             fetch_timeout_s=self.options.fetch_timeout_s,
             stale_partial_age_s=self.options.stale_partial_age_s,
+            quarantine_keep_s=self.options.quarantine_keep_s,
+            audit=side.audit if side.catalog is not None else None,
             on_phase=self._on_phase,
             record_corrupt=side.record_corrupt if side.catalog is not None else None,
             record_unfinished=side.record_unfinished if side.catalog is not None else None,

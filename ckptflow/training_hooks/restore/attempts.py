@@ -39,6 +39,7 @@ from ckptflow.storage.manifest import (
     UnsupportedManifestError,
     parse_manifest,
 )
+from ckptflow.storage.quarantine import prune_older_than
 from ckptflow.storage.tier import Tier
 from ckptflow.training_hooks.cluster import ranks
 from ckptflow.training_hooks.restore.context import CheckpointLoadError, RestoreContext, RestoreReport
@@ -82,16 +83,19 @@ def restore(ctx: RestoreContext, state: dict[str, Any]) -> RestoreReport:
     topo = ctx.topology
     report = RestoreReport(node=topo.node, nodes=topo.node_count)
     if topo.is_leader:
-        removed = layout.remove_stale_partials(ctx.run_dir, ctx.stale_partial_age_s)
-        report.removed_partials = [str(p) for p in removed]
-        for path in removed:
-            log.info("removed stale partial checkpoint directory %s", path)
-    ctx.on_phase("restore:inventory")
-    mine = scan_node(ctx.run_dir, topo.node) if topo.is_leader else None
+        mine: NodeInventory | None = _clean_and_list(ctx, report)
+    else:
+        ctx.on_phase("restore:inventory")
+        mine = None
     listed = (_list_tiers(ctx), _list_peers(ctx)) if topo.is_coordinator else None
-    gathered = ranks.all_gather((mine, [Path(p).name for p in report.removed_partials]))
-    inventories = [inv for inv, _ in gathered if inv is not None]
-    removed_everywhere = [(rank, name) for rank, (_, names) in enumerate(gathered) for name in names]
+    names = [Path(p).name for p in report.removed_partials]
+    gathered = ranks.all_gather((mine, names, report.removed_quarantine))
+    inventories = [inv for inv, _, _ in gathered if inv is not None]
+    removed_everywhere = [(rank, name) for rank, (_, names, _) in enumerate(gathered) for name in names]
+    if topo.is_coordinator and ctx.audit is not None:
+        for rank, (_, _, gone) in enumerate(gathered):
+            for removed in gone:
+                ctx.audit("quarantine.removed", {"node": topo.describe_node(topo.node_of(rank)), **removed})
     tier_steps, endpoints = ranks.broadcast(listed)
     if ctx.peers is not None:
         ctx.peers = replace(ctx.peers, endpoints=endpoints)
@@ -127,6 +131,30 @@ def restore(ctx: RestoreContext, state: dict[str, Any]) -> RestoreReport:
     if topo.is_coordinator and ctx.record_unfinished is not None:
         _record_unfinished(ctx, removed_everywhere, inventories, tier_steps, report.step)
     return report
+
+
+def _clean_and_list(ctx: RestoreContext, report: RestoreReport) -> NodeInventory:
+    """A node's leader: remove stale partial directories and quarantined copies past
+    ``quarantine_keep_s`` from this node's disk (each logged, and reported for rank 0 to audit),
+    then list what it holds. A disk that cannot be listed (an I/O error) is a node that holds
+    nothing: its ranks' files come from a peer or a tier, and the job starts."""
+    topo = ctx.topology
+    try:
+        removed = layout.remove_stale_partials(ctx.run_dir, ctx.stale_partial_age_s)
+        report.removed_partials = [str(p) for p in removed]
+        for path in removed:
+            log.info("removed stale partial checkpoint directory %s", path)
+        for gone in prune_older_than(ctx.run_dir, ctx.quarantine_keep_s):
+            log.warning("removed %s from quarantine (%d bytes, %s)", gone.path, gone.bytes, gone.why)
+            report.removed_quarantine.append({"path": gone.path, "bytes": gone.bytes, "why": gone.why})
+    except OSError as exc:
+        log.error("cleaning %s failed (%s); restore goes on without it", ctx.run_dir, exc)
+    ctx.on_phase("restore:inventory")
+    try:
+        return scan_node(ctx.run_dir, topo.node)
+    except OSError as exc:
+        log.error("%s cannot be listed (%s): this node's files come from peers or tiers", ctx.run_dir, exc)
+        return NodeInventory(topo.node)
 
 
 def _record_unfinished(
@@ -386,7 +414,19 @@ def _load_everywhere(
     if corrupt:
         _quarantine_nodes(ctx, decided.step, corrupt, inventories)
         return _Attempt(reason="; ".join(f"node {n}: {why}" for n, why in sorted(corrupt.items())))
-    apply_shadow(state, reads.live, shadow)
+    try:
+        apply_shadow(state, reads.live, shadow)
+        applied = ""
+    except Exception as exc:  # noqa: BLE001 - every rank must stop together, told why
+        applied = f"{type(exc).__name__}: {exc}"
+    refused = [(r, why) for r, why in enumerate(ranks.all_gather(applied)) if why]
+    if refused:
+        rank, why = refused[0]
+        raise CheckpointLoadError(
+            f"{directory}: step {decided.step} verified and loaded on every rank, but rank {rank}'s state "
+            f"refused it in load_state_dict ({why}); every rank stops here, so none trains on a "
+            "state the others do not have. Fix that object's load_state_dict or the state passed to restore"
+        )
     report.step, report.path, report.manifest = decided.step, directory, decided.manifest_bytes
     report.fetched_hosts = fetching
     return _Attempt(loaded=True)

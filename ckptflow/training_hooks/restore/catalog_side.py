@@ -50,6 +50,10 @@ class RestoreCatalogSide:
         if self.catalog is not None:
             self.catalog.call("record_corrupt", self.run, step, reason, uri)
 
+    def audit(self, kind: str, detail: dict[str, Any]) -> None:
+        if self.catalog is not None:
+            self.catalog.call("audit", kind, self.run, None, **detail)
+
     def record_unfinished(self, step: int, save_id: str, reason: str) -> None:
         if self.catalog is not None:
             self.catalog.call("record_unfinished", self.run, step, save_id, reason)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ckptflow.storage.tier import Tier
 from ckptflow.training_hooks.cluster.coord_store import CoordinationStore
@@ -28,6 +29,7 @@ class RestoreReport:
     path: Path | None = None
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (step, why it was not used)
     removed_partials: list[str] = field(default_factory=list)
+    removed_quarantine: list[dict[str, Any]] = field(default_factory=list)  # path, bytes, why (this node)
     source: str = "hot"  # "hot", or where this rank fetched the files its node lacked ("peer <host>", a tier)
     node: int = 0
     nodes: int = 1
@@ -82,6 +84,7 @@ class RestoreContext:
     workers: int
     fetch_timeout_s: float
     stale_partial_age_s: float
+    quarantine_keep_s: float
     on_phase: Callable[[str], None]
     record_corrupt: Callable[[int, str, str | None], None] | None = None  # rank 0: the catalog
     # rank 0: (step, save id, reason) of each save attempt whose unfinished files were removed
@@ -89,5 +92,7 @@ class RestoreContext:
     read_hook: ReadHook | None = None
     peers: PeerAccess | None = None  # the replication secret (endpoints filled in at restore)
     peer_endpoints: Callable[[list[str]], dict[str, str]] | None = None  # rank 0: host -> url
+    # rank 0: record an event in the catalog's log (kind, detail): what restore removed, for audit
+    audit: Callable[[str, dict[str, Any]], None] | None = None
     # rank 0: take the leases (run, step, hot, host) of the nodes about to fetch; returns the release
     lease_fetch: Callable[[int, list[str]], Callable[[], None]] | None = None

@@ -44,8 +44,13 @@ def read_decision(ctx: RestoreContext, step: int, node: int | None, tier_name: s
         metadata_bytes = tier.read_file(ctx.run, step, METADATA_NAME)
     except UnsupportedManifestError as exc:
         return "unsupported", str(exc)
-    except (TierError, ManifestError, OSError) as exc:
-        return "tier-error", f"{tier.name} copy unusable: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a tier that fails in any way is one the step cannot use
+        what = (
+            str(exc)
+            if isinstance(exc, (TierError, ManifestError, OSError))
+            else f"{type(exc).__name__}: {exc}"
+        )
+        return "tier-error", f"{tier.name} copy unusable: {what}"
     problem = metadata_problem(manifest, metadata_bytes)
     if problem:
         return "tier-error", f"{tier.name} copy unusable: {METADATA_NAME} {problem}"

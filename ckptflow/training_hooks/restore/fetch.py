@@ -89,9 +89,13 @@ def _fetch_from_first(
             break
         try:
             moved = source.fetch_files(ctx.run, step, todo, directory)
-        except TierError as exc:  # PeerError is one: an unreachable or corrupt peer, a bad tier copy
+        except Exception as exc:  # noqa: BLE001 - any failure of one source: the next is tried
+            # TierError (PeerError is one: an unreachable or corrupt peer, a bad tier copy), and
+            # anything else (an I/O error on this node's disk): this rank must reach the barrier
+            # with a result, or every other rank would wait there for fetch_timeout_s.
             log.error("fetching %d file(s) of step %d from %s failed: %s", len(todo), step, source.name, exc)
-            result = {"ok": False, "source": source.name, "error": f"{source.name}: {exc}"}
+            what = str(exc) if isinstance(exc, TierError) else f"{type(exc).__name__}: {exc}"
+            result = {"ok": False, "source": source.name, "error": f"{source.name}: {what}"}
             continue
         log.info(
             "step %d was %s on this node's hot tier: %d file(s), %.1f MB from %s in %.2f s",

@@ -4,6 +4,7 @@ loaded cleanly: a failed or corrupt load never leaves the state half loaded."""
 
 from __future__ import annotations
 
+import errno
 import time
 import warnings
 from pathlib import Path
@@ -54,12 +55,24 @@ def load_shadow(
             return ("corrupt", f"{directory}/{cause}"), shadow
         if isinstance(cause, FileNotFoundError):
             return ("corrupt", f"{directory}: {cause.filename or cause} is missing"), shadow
+        if isinstance(cause, OSError):
+            # A bad sector (EIO), a stale handle (ESTALE), no descriptor left (EMFILE): bytes that
+            # cannot be read now are handled as bytes that fail their checksum, so every rank
+            # walks back together and the job starts, instead of failing every start the same way.
+            return ("corrupt", f"{directory}: {unreadable(cause)}"), shadow
         return ("error", f"{type(cause).__name__}: {cause}"), shadow
     finally:
         report.load_s += time.perf_counter() - t0
         report.bytes_read += reader.bytes_read
         report.verify_s += reader.verify_s
     return None, shadow
+
+
+def unreadable(exc: OSError) -> str:
+    """``<file>: unreadable (EIO: Input/output error)``: an I/O error as a restore reports it."""
+    code = errno.errorcode.get(exc.errno or 0, "OSError")
+    where = Path(str(exc.filename)).name if exc.filename else "a file"
+    return f"{where}: unreadable ({code}: {exc.strerror or exc})"
 
 
 def root_cause(exc: BaseException) -> BaseException:

@@ -30,6 +30,7 @@ import ckptflow
 from ckptflow.storage import layout
 from ckptflow.storage.events import STAGED_EVENT, node_resources
 from ckptflow.storage.manifest import MANIFEST_NAME, Manifest, parse_manifest
+from ckptflow.storage.quarantine import make_space
 from ckptflow.training_hooks.cluster.coord_store import CoordinationStore, StoreUnavailable
 from ckptflow.training_hooks.cluster.nodes import Topology
 from ckptflow.training_hooks.commit import files as commit_files
@@ -141,6 +142,7 @@ def run_save_job(job: SaveJob) -> SaveStats:
             log.warning("could not delete the keys of save %s: %s", job.previous_save_id, exc)
     if topology.is_leader:
         _remove_abandoned_partials(job)
+        _make_room_for_the_part(job)
     partial = job.partial_dir
     partial.mkdir(parents=True, exist_ok=True)
     try:
@@ -406,6 +408,32 @@ def _clean_up(
     except StoreUnavailable:
         if not quiet:
             log.warning("step %d: could not delete this node's report keys (store unreachable)", job.step)
+
+
+def _make_room_for_the_part(job: SaveJob) -> None:
+    """A leader, before writing: if this node's disk cannot hold the part about to be written (about
+    this rank's bytes times the node's ranks), the oldest quarantined copies are removed until it can
+    (each logged; a save never fails with ENOSPC while the quarantine holds what it needs)."""
+    needed = job.stats.bytes * len(job.topology.node_ranks)
+    try:
+        removed = make_space(job.run_dir, needed)
+    except OSError as exc:
+        log.error("step %d: making room in %s failed: %s", job.step, job.run_dir, exc)
+        return
+    for gone in removed:
+        log.warning(
+            "step %d: removed %s from quarantine (%d bytes) to make room", job.step, gone.path, gone.bytes
+        )
+        if job.catalog is not None:
+            job.catalog.call(
+                "audit",
+                "quarantine.removed",
+                job.run,
+                job.step,
+                path=gone.path,
+                bytes=gone.bytes,
+                why=gone.why,
+            )
 
 
 def _remove_abandoned_partials(job: SaveJob) -> None:

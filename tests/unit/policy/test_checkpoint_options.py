@@ -22,6 +22,8 @@ BROKEN = [
     ("deadline_s", "-1.5", -1.5),
     ("deadline_s", ".nan", math.nan),
     ("decision_grace_s", "-1", -1),
+    ("decision_grace_s", "0.5", 0.5),
+    ("quarantine_keep_s", "-1", -1),
     ("store_host", "''", ""),
     ("store_timeout_s", "0", 0),
     ("fetch_timeout_s", "-5", -5),
@@ -37,7 +39,8 @@ RULE_IS_THE_TYPE = {"on_busy": "block", "store": "redis", "reserve_staging": "no
 # (option, a value at the edge of its rule that both sides accept, as YAML text and in Python)
 EDGES = [
     ("deadline_s", "0.001", 0.001),
-    ("decision_grace_s", "0", 0),
+    ("decision_grace_s", "1", 1),
+    ("quarantine_keep_s", "0", 0),
     ("store_host", "h.example", "h.example"),
     ("stale_partial_age_s", "0", 0),
     ("verify_workers", "1", 1),

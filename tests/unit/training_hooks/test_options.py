@@ -25,7 +25,7 @@ def test_defaults_and_keyword_only():
         ("on_busy", "block", "on_busy: must be 'skip' or 'wait'"),
         ("deadline_s", 0, "deadline_s: must be a number of seconds > 0"),
         ("deadline_s", True, "deadline_s: must be a number of seconds > 0"),
-        ("decision_grace_s", -1, "decision_grace_s: must be a number of seconds >= 0"),
+        ("decision_grace_s", 0, "decision_grace_s: must be a number of seconds >= 1"),
         ("store", "redis", "store: must be 'auto', 'env' or 'rank0'"),
         ("verify_workers", 0, "verify_workers: must be an integer >= 1"),
         ("store_host", "", "store_host: must be a host name"),
