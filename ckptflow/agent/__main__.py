@@ -20,6 +20,7 @@ from ckptflow.agent.peer_service import start_peer_server
 from ckptflow.flows.node_housekeeping import node_housekeeping
 from ckptflow.flows.pinned import CONFIG_DIR_ENV
 from ckptflow.pipeline.part import this_host
+from ckptflow.storage.peer_endpoint import withdraw
 
 log = logging.getLogger("ckptflow.agent")
 
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         if peer_server is not None:
+            withdraw(peer_server.store.hot_root)
             peer_server.stop()
     return 0
 

@@ -1,4 +1,5 @@
-"""The agent's peer server: this node's hot root served to its peers, its address in the catalog."""
+"""The agent's peer server: this node's hot root served to its peers, its address announced in the
+hot root (:mod:`ckptflow.storage.peer_endpoint`) and registered in the catalog."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ckptflow.peer import PeerSecret
 from ckptflow.peer.server import PeerServer
 from ckptflow.policy.config import load_config
 from ckptflow.policy.replication import ReplicationSecretError
+from ckptflow.storage.peer_endpoint import announce
 
 log = logging.getLogger("ckptflow.agent")
 
@@ -53,13 +55,21 @@ def start_peer_server(config_path: str, host: str, bind: str | None) -> PeerServ
     hot_root = Path(config.tiers["hot"].root)
     hot_root.mkdir(parents=True, exist_ok=True)  # an agent may start before the node's first save
     server = PeerServer(hot_root, secret, bind_host, port).start()
-    catalog = Catalog.open(config.catalog)
+    announce(hot_root, host, server.url)  # restore finds it here even without the catalog
     try:
-        catalog.register_peer(host, server.url)
-    except Exception:
-        server.stop()
-        raise
-    finally:
-        catalog.dispose()
+        catalog = Catalog.open(config.catalog)
+        try:
+            catalog.register_peer(host, server.url)
+        finally:
+            catalog.dispose()
+    except Exception as exc:  # noqa: BLE001 - the node still serves; restores read the announcement
+        log.warning(
+            "node %s serves its hot root on %s but could not register it in the catalog (%s); restores "
+            "find it in %s, replication pushes once the catalog answers",
+            host,
+            server.url,
+            exc,
+            hot_root,
+        )
     log.info("node %s serves its hot root to peers on %s", host, server.url)
     return server

@@ -34,6 +34,8 @@ QUARANTINE_DIR = "quarantine"
 LOCK_PREFIX = ".writer-lock-rank"
 METADATA_NAME = ".metadata"  # DCP's metadata file, one per checkpoint (node 0's part)
 PART_NAME = "PART.json"  # a node's committed part, before (and after) the decision
+# In a hot tier's root: the address of the node's peer server, written by its agent (storage/peer_endpoint.py)
+PEER_ENDPOINT_NAME = ".ckptflow-peer.json"
 
 
 def committed_name(step: int) -> str:

@@ -39,6 +39,7 @@ from ckptflow.storage.manifest import (
     UnsupportedManifestError,
     parse_manifest,
 )
+from ckptflow.storage.peer_endpoint import announced
 from ckptflow.storage.quarantine import prune_older_than
 from ckptflow.storage.tier import Tier
 from ckptflow.training_hooks.cluster import ranks
@@ -56,6 +57,7 @@ from ckptflow.training_hooks.restore.load import apply_shadow, load_shadow
 from ckptflow.training_hooks.restore.plan import (
     ReadPlan,
     check_against_metadata,
+    holders_of,
     holders_text,
     plan_reads,
     template_of,
@@ -75,7 +77,10 @@ class _Attempt:
     loaded: bool = False
     reason: str = ""
     exhaust: bool = False
-    unreachable: bool = False  # some rank needs a file no node, peer or tier holds: never restorable
+    # Some rank needs a file that no node's disk holds (as its own part or a replica) and no tier
+    # has: proven lost, never restorable. A file a node holds but cannot serve now (its agent not
+    # running, the catalog down) is not lost: the step is only skipped by this restore.
+    lost: bool = False
 
 
 def restore(ctx: RestoreContext, state: dict[str, Any]) -> RestoreReport:
@@ -98,7 +103,10 @@ def restore(ctx: RestoreContext, state: dict[str, Any]) -> RestoreReport:
                 ctx.audit("quarantine.removed", {"node": topo.describe_node(topo.node_of(rank)), **removed})
     tier_steps, endpoints = ranks.broadcast(listed)
     if ctx.peers is not None:
-        ctx.peers = replace(ctx.peers, endpoints=endpoints)
+        # What each node's agent announced on its own disk wins over the catalog's (fresher, and
+        # there even when the catalog is down or the agent could not register).
+        announced_here = dict(inv.endpoint for inv in inventories if inv.endpoint is not None)
+        ctx.peers = replace(ctx.peers, endpoints={**endpoints, **announced_here})
     exhausted: set[int] = set()
     unreachable: dict[int, str] = {}
     tries: Counter[int] = Counter()
@@ -118,9 +126,9 @@ def restore(ctx: RestoreContext, state: dict[str, Any]) -> RestoreReport:
         log.warning("step %d cannot be restored: %s", step, attempt.reason)
         if attempt.exhaust:
             exhausted.add(step)
-        if attempt.unreachable and tries[step] == 1:
-            # Unreachable from the start (a part lost with its node), not because this restore just
-            # quarantined a corrupt part of it: that step's other parts stay where they are.
+        if attempt.lost and tries[step] == 1:
+            # Lost from the start (a part gone with its node, and held nowhere else), not because
+            # this restore just quarantined a corrupt part of it.
             unreachable[step] = attempt.reason
     if report.path is not None:
         _set_aside_superseded(ctx, {s: why for s, why in unreachable.items() if s > report.step}, report.step)
@@ -151,10 +159,12 @@ def _clean_and_list(ctx: RestoreContext, report: RestoreReport) -> NodeInventory
         log.error("cleaning %s failed (%s); restore goes on without it", ctx.run_dir, exc)
     ctx.on_phase("restore:inventory")
     try:
-        return scan_node(ctx.run_dir, topo.node)
+        inventory = scan_node(ctx.run_dir, topo.node)
     except OSError as exc:
         log.error("%s cannot be listed (%s): this node's files come from peers or tiers", ctx.run_dir, exc)
-        return NodeInventory(topo.node)
+        inventory = NodeInventory(topo.node)
+    inventory.endpoint = announced(ctx.run_dir.parent)
+    return inventory
 
 
 def _record_unfinished(
@@ -339,21 +349,24 @@ def _agree_on_reads(
     locations, needs = reads.choose({p for r in topo.node_ranks for p in first[r][1]})
     manifest_crc = checksums.checksum_bytes(decided.manifest_bytes)
     peers = peer_holders(inventories, topo.hosts, ctx.peers, topo.node, step, manifest, manifest_crc)
-    unreachable = ""
+    unreachable, lost = "", False
     uncovered = sorted(p for p in needs if (e := manifest.entry(p)) is None or e.node not in peers)
     if uncovered and not tiers:
         missing = uncovered[0]
         unreachable = (
             f"{missing} is needed on node {topo.node} but held by {holders_text(inventories, step, missing)}"
         )
-    everyone = ranks.all_gather((None, sorted(needs), unreachable))
-    blocked = [(r, why) for r, (_, _, why) in enumerate(everyone) if why]
+        lost = any(not holders_of(inventories, step, p) for p in uncovered)
+    everyone = ranks.all_gather((None, sorted(needs), unreachable, lost))
+    blocked = [(r, why, gone) for r, (_, _, why, gone) in enumerate(everyone) if why]
     if blocked:
-        rank, why = blocked[0]
+        rank, why, _ = blocked[0]
         return _Attempt(
-            reason=f"rank {rank} cannot read what it needs: {why}", exhaust=True, unreachable=True
+            reason=f"rank {rank} cannot read what it needs: {why}",
+            exhaust=True,
+            lost=any(gone for _, _, gone in blocked),
         )
-    return _Reads(live, locations, everyone, peers, tiers)
+    return _Reads(live, locations, [(a, n, w) for a, n, w, _ in everyone], peers, tiers)
 
 
 def _fetch_what_nodes_lack(

@@ -51,9 +51,14 @@ class ReplicaHolding:
 
 @dataclass
 class NodeInventory:
+    """What one node's leader found on its disk: its step directories (whatever part each holds:
+    after a restart with renumbered nodes, another node's save-time part), its peer replicas, and the
+    address its agent announced for its peer server (host, url), if any."""
+
     node: int
     steps: dict[int, StepHolding] = field(default_factory=dict)
     replicas: dict[tuple[int, int], ReplicaHolding] = field(default_factory=dict)  # (step, part) ->
+    endpoint: tuple[str, str] | None = None
 
     def holds(self, step: int, path: str, size: int) -> bool:
         holding = self.steps.get(step)

@@ -30,14 +30,22 @@ from ckptflow.training_hooks.stateful import RNGState
 log = logging.getLogger("ckptflow.restore")
 
 
-def holders_text(inventories: list[NodeInventory], step: int, path: str) -> str:
-    nodes = [
-        inv.node for inv in inventories if path in inv.steps.get(step, StepHolding(step, None, {})).files
+def holders_of(inventories: list[NodeInventory], step: int, path: str) -> list[int]:
+    """The nodes whose disk holds ``path`` of ``step``: in their own ``step-N/`` or a peer replica."""
+    return [
+        inv.node
+        for inv in inventories
+        if path in inv.steps.get(step, StepHolding(step, None, {})).files
+        or any(s == step and path in replica.files for (s, _), replica in inv.replicas.items())
     ]
+
+
+def holders_text(inventories: list[NodeInventory], step: int, path: str) -> str:
+    nodes = holders_of(inventories, step, path)
     return (
-        f"node(s) {nodes} (no live peer replica) and no colder tier"
+        f"node(s) {nodes}, whose peer server is not reachable now, and no colder tier"
         if nodes
-        else "no node, no live peer replica and no colder tier"
+        else "no node, no peer replica and no colder tier"
     )
 
 

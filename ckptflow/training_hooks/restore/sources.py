@@ -100,10 +100,20 @@ def peer_holders(
     manifest: Manifest,
     manifest_crc: str,
 ) -> dict[int, list[tuple[str, str]]]:
-    """part -> [(host, url)] of the job's other nodes that hold a committed replica of that part of
-    exactly this checkpoint (same manifest), whole, and whose agent is registered."""
+    """save-time part -> [(host, url)] of the job's other nodes that hold that part of exactly this
+    checkpoint (same manifest), whole, and whose agent serves it: as a peer replica, or as a part
+    in its own ``step-N/`` (that node's own part, or, after a restart that renumbered the nodes,
+    whichever part its disk kept). Parts are found by what a disk holds, never by node number."""
     if access is None:
         return {}
+    files_of: dict[int, list[FileEntry]] = {}
+    for entry in manifest.files:
+        files_of.setdefault(entry.node, []).append(entry)
+    part_of = {e.path: e.node for e in manifest.files}
+
+    def whole(held: dict[str, int], part: int) -> bool:
+        return all(held.get(e.path) == e.size for e in files_of[part])
+
     holders: dict[int, list[tuple[str, str]]] = {}
     for inv in sorted(inventories, key=lambda i: i.node):
         if inv.node == node or inv.node >= len(hosts):
@@ -111,10 +121,16 @@ def peer_holders(
         url = access.endpoints.get(hosts[inv.node])
         if not url:
             continue
+        found: set[int] = set()
+        own = inv.steps.get(step)
+        if own is not None and own.decided == manifest_crc and own.damage is None:
+            # Only the parts this directory has files of (one or two): linear in what it holds.
+            touched = {part_of[path] for path in own.files if path in part_of}
+            found |= {part for part in touched if whole(own.files, part)}
         for (held_step, part), replica in inv.replicas.items():
-            if held_step != step or replica.decided != manifest_crc:
-                continue
-            wanted = [e for e in manifest.files if e.node == part]
-            if wanted and all(replica.files.get(e.path) == e.size for e in wanted):
-                holders.setdefault(part, []).append((hosts[inv.node], url))
+            if held_step == step and replica.decided == manifest_crc and part in files_of:
+                if whole(replica.files, part):
+                    found.add(part)
+        for part in sorted(found):
+            holders.setdefault(part, []).append((hosts[inv.node], url))
     return holders

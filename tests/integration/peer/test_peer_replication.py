@@ -284,7 +284,7 @@ def test_a_corrupt_replica_or_a_dead_peer_falls_back_to_warm_and_a_lost_part_wal
     reports = [_result(world, "final", r)["restore"] for r in range(NODES)]
     assert [r["step"] for r in reports] == [9, 9, 9]
     rejected = dict((s, why) for s, why in reports[0]["rejected"])
-    assert 12 in rejected and "no live peer replica and no colder tier" in rejected[12], reports[0]
+    assert 12 in rejected and "no node, no peer replica and no colder tier" in rejected[12], reports[0]
     warm = read_manifest(Path(world.body["tiers"]["warm"]["root"]) / RUN / layout.committed_name(9))
     assert reports[1]["fetched_by_source"] == {"warm": warm.part_bytes(1)}  # its peer (node 2) is gone
     assert reports[2]["fetched_by_source"] == {"warm": warm.part_bytes(2)}  # node 0's copy is corrupt
