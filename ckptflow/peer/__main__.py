@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
+from pathlib import Path
 
 from ckptflow.peer.auth import PeerSecret
 from ckptflow.policy.replication import ReplicationConfig
+from ckptflow.storage.peer_endpoint import announce, withdraw
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--secret-file", help="file holding the shared secret (mode 0600)")
     source.add_argument("--secret-env", help="environment variable holding the shared secret")
+    parser.add_argument("--node", help="the name peers know this node by (default: its host name)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument(
         "--http", default="auto", choices=["auto", "h11", "httptools"], help="uvicorn's parser"
@@ -58,12 +62,16 @@ def main(argv: list[str] | None = None) -> int:
         log_level=args.log_level,
         http=args.http,
     )
+    # Restores on this node's job find the server here, catalog or not (storage/peer_endpoint.py).
+    announce(Path(args.hot_root), args.node or socket.gethostname(), server.url)
     # The agent (or a test) waits for this line; flush so a pipe sees it at once.
     print(f"ckptflow-peer listening on {server.url}", flush=True)
     try:
         server.serve()
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it shut down on
         return 130
+    finally:
+        withdraw(Path(args.hot_root))
     return 0
 
 

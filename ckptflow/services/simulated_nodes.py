@@ -77,10 +77,11 @@ class Node:
     log: Path
     holder: subprocess.Popen[bytes] | None = None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    name: str | None = None  # its host name; default node<index>
 
     @property
     def host(self) -> str:
-        return f"node{self.index}"
+        return self.name or f"node{self.index}"
 
     def boot(self, hot_path: Path) -> None:
         """Create the node: its namespace, its disk mounted at ``hot_path``, its host name."""
@@ -265,7 +266,13 @@ class Cluster:
         return "\n".join(f"--- {self.name} node {n.index} ---\n{n.output()[-6000:]}" for n in self.nodes)
 
 
-def cluster(name: str, work: Path, hot_path: Path, disks: list[Path], nproc: int) -> Cluster:
-    """A job over nodes whose private disks are ``disks`` (one per node, in node order)."""
-    nodes = [Node(k, disk, work / f"{name}-node{k}.log") for k, disk in enumerate(disks)]
+def cluster(
+    name: str, work: Path, hot_path: Path, disks: list[Path], nproc: int, hosts: list[str] | None = None
+) -> Cluster:
+    """A job over nodes whose private disks are ``disks`` (one per node, in node order), with host
+    names ``hosts`` (default node0, node1, ...). Node k gets node rank k: giving the same disks and
+    host names in another order restarts a job whose nodes torchrun renumbered (a requeue, or a
+    replacement host whose name sorts first)."""
+    names = hosts or [f"node{k}" for k in range(len(disks))]
+    nodes = [Node(k, disk, work / f"{name}-node{k}.log", name=names[k]) for k, disk in enumerate(disks)]
     return Cluster(name, hot_path, nodes, nproc)
