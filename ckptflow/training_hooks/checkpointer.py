@@ -46,7 +46,7 @@ from ckptflow.training_hooks.restore.load import fresh_optimizers
 from ckptflow.training_hooks.restore.reader import ReadHook
 from ckptflow.training_hooks.restore.sources import PeerAccess, peer_access
 from ckptflow.training_hooks.save.job import SaveJob, SaveOutcome, SaveStats, run_save_job
-from ckptflow.training_hooks.save.planner import plan_save
+from ckptflow.training_hooks.save.planner import PlanCache, plan_save
 from ckptflow.training_hooks.save.staging import HostStager
 from ckptflow.training_hooks.stats import CheckpointerStats
 
@@ -145,6 +145,7 @@ class Checkpointer:
         self._restores = 0
         self._last_save_id: str | None = None
         self._restored_step: int | None = None  # restored by this process and not saved since
+        self._plans = PlanCache()  # the last save's plan, reused while the state's structure holds
         self._closed = False
         self.stats = CheckpointerStats()
 
@@ -328,7 +329,9 @@ class Checkpointer:
         # after an ABANDONED attempt must never share, or commit, the abandoned attempt's files.
         save_id = f"{self._incarnation}-{step}-{self.stats.saves_started}"
         topology = self.topology
-        planner, final_plan, metadata = plan_save(staged.staged, topology.nodes, self.rank, self.run_dir)
+        planner, final_plan, metadata = plan_save(
+            staged.staged, topology.nodes, self.rank, self.run_dir, self._plans
+        )
         stall = time.perf_counter() - t0
         stats = SaveStats(
             step=step,

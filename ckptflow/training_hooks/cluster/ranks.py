@@ -68,6 +68,42 @@ def all_gather(obj: Any) -> list[Any]:
     return out
 
 
+def gather(obj: Any, dst: int = 0) -> list[Any] | None:
+    """Every rank's ``obj`` on rank ``dst`` (rank order), None elsewhere: only ``dst`` receives the
+    world's objects, every other rank sends one."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] | None = [None] * world_size() if rank() == dst else None
+    dist.gather_object(obj, out, dst=dst)
+    if traffic.enabled:
+        traffic.calls += 1
+        if out is not None:
+            sizes = [_size(o) for o in out]
+            traffic.sent += sizes[dst]
+            traffic.received += sum(sizes) - sizes[dst]
+        else:
+            traffic.sent += _size(obj)
+    return out
+
+
+def scatter(objs: list[Any] | None, src: int = 0) -> Any:
+    """Rank ``src``'s ``objs[r]`` on each rank ``r`` (``objs`` is read on ``src`` only): each rank
+    receives its own object, not the world's."""
+    if not is_distributed():
+        assert objs is not None
+        return objs[0]
+    box: list[Any] = [None]
+    dist.scatter_object_list(box, objs if rank() == src else None, src=src)
+    if traffic.enabled:
+        traffic.calls += 1
+        if rank() == src:
+            assert objs is not None
+            traffic.sent += sum(_size(o) for i, o in enumerate(objs) if i != src)
+        else:
+            traffic.received += _size(box[0])
+    return box[0]
+
+
 def broadcast(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s ``obj`` on every rank."""
     if not is_distributed():

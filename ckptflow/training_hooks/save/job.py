@@ -97,7 +97,7 @@ class SaveJob:
     store: CoordinationStore
     planner: DefaultSavePlanner
     plan: SavePlan
-    metadata: Metadata
+    metadata: Metadata | None  # the global plan's metadata: on the coordinator only
     staging_event: Any
     metrics: dict[str, float]
     deadline_s: float
@@ -213,8 +213,10 @@ def _lead_node(
             _follow(job, round_, stats, part_committed=False)
         locks.close()
         _clean_up(job, round_)
-        if topology.node_count == 1:
-            round_.forget_round()  # stragglers have let go: nobody reads the abandoned decision any more
+        if topology.node_count == 1 and not layout.someone_writes(job.partial_dir):
+            # Every rank has let go: nobody reads the abandoned decision any more. A straggler still
+            # writing reads it when it finishes (and reports nothing); the next save forgets it.
+            round_.forget_round()
         stats.finalize_s = time.perf_counter() - t0
         return
     if topology.node_count == 1:
@@ -345,6 +347,7 @@ def _commit_single_node(job: SaveJob, reports: dict[int, commit_files.RankReport
 
 
 def _build(job: SaveJob, reports: dict[int, commit_files.RankReport]) -> tuple[bytes, Manifest]:
+    assert job.metadata is not None, "only the coordinator builds the checkpoint's .metadata"
     metadata, alternates = commit_files.metadata_bytes(job.metadata, reports)
     write_s = max(r.write_s for r in reports.values())
     manifest = commit_files.build_manifest(
