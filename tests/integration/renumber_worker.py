@@ -1,4 +1,4 @@
-"""One rank of an FSDP2 job on simulated nodes, for tests/integration/test_renumbered_nodes.py
+"""One rank of an FSDP2 job on simulated nodes, for tests/integration/training_hooks/test_renumbered_nodes.py
 (launched by torchrun inside a node: see ckptflow/services/simulated_nodes.py)::
 
     renumber_worker.py --config ckptflow.yaml --out DIR --steps 12 --save-at 5,10 [--stop-at 10]

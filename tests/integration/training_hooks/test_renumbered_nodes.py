@@ -44,7 +44,7 @@ pytestmark = [
     pytest.mark.skipif(simulated_nodes.unavailable() is not None, reason=str(simulated_nodes.unavailable())),
 ]
 
-WORKER = Path(__file__).with_name("renumber_worker.py")
+WORKER = Path(__file__).resolve().parents[1] / "renumber_worker.py"
 RUN = "main"
 TIMEOUT_S = 300.0
 DEAD_CATALOG = "postgresql+psycopg://nobody@127.0.0.1:9/none?connect_timeout=2"
