@@ -38,7 +38,7 @@ from ckptflow.training_hooks.commit.announce import build_event
 from ckptflow.training_hooks.commit.protocol import CommitRound, Decision, DecisionOutcome
 from ckptflow.training_hooks.commit.record import committed_record
 from ckptflow.training_hooks.save.staging import wait_for
-from ckptflow.training_hooks.save.writer import make_writer
+from ckptflow.training_hooks.save.writer import SaveAbandoned, make_writer
 
 log = logging.getLogger("ckptflow.save")
 
@@ -151,9 +151,18 @@ def run_save_job(job: SaveJob) -> SaveStats:
             # of an abandoned attempt never removes files a live rank is still writing.
             stack.enter_context(layout.writer_lock(partial, topology.rank))
             t0 = time.perf_counter()
-            writer, fs = make_writer(partial, job.write_hook)
+            writer, fs = make_writer(partial, job.write_hook, _stop_when_abandoned(round_))
             writer.set_up_storage_writer(topology.is_coordinator, rank=topology.rank, use_collectives=True)
-            results = writer.write_data(job.plan, job.planner).wait()
+            try:
+                results = writer.write_data(job.plan, job.planner).wait()
+            except BaseException as exc:  # DCP's CheckpointException derives from BaseException
+                if not _stopped(exc):
+                    raise
+                results = None
+            if results is None:
+                stack.close()  # this rank lets go of the partial directory: it is removable now
+                _stopped_writing(job, round_, stats)
+                return stats
             files = fs.finish(results)
             stats.write_s = time.perf_counter() - t0
             report = commit_files.RankReport(topology.rank, files, results, stats.write_s)
@@ -170,6 +179,53 @@ def run_save_job(job: SaveJob) -> SaveStats:
     finally:
         stats.store_ops = job.store.ops - ops_before
     return stats
+
+
+def _stop_when_abandoned(round_: CommitRound) -> Callable[[], bool]:
+    """For the writer: past the deadline, at most every half second, whether the attempt has been
+    decided abandoned (a rank still writing then is a straggler whose bytes nobody will commit)."""
+    asked = [0.0]
+
+    def stop() -> bool:
+        now = time.monotonic()
+        if not round_.past_deadline() or now - asked[0] < 0.5:
+            return False
+        asked[0] = now
+        try:
+            decision = round_.decision_if_made()
+        except StoreUnavailable:
+            return False  # no answer is no permission to drop the write
+        return decision is not None and decision.outcome == DecisionOutcome.ABANDONED
+
+    return stop
+
+
+def _stopped(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what DCP wrapped in it) is the writer stopping on an abandoned attempt."""
+    if isinstance(exc, SaveAbandoned):
+        return True
+    failures = getattr(exc, "failures", None) or {}
+    inner = [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    return any(isinstance(e, SaveAbandoned) for e in [exc.__cause__, exc.__context__, *inner])
+
+
+def _stopped_writing(job: SaveJob, round_: CommitRound, stats: SaveStats) -> None:
+    """This rank stopped writing an attempt already decided abandoned: its rank is free at once (the
+    next save is not skipped for a slow disk's sake); a leader acknowledges the decision and removes
+    what its node wrote."""
+    stats.outcome = SaveOutcome.ABANDONED
+    stats.total_s = time.monotonic() - job.started
+    log.warning(
+        "step %d: rank %d stopped writing: the checkpoint was abandoned while it wrote (%.1f s after "
+        "the save began)",
+        job.step,
+        job.topology.rank,
+        stats.total_s,
+    )
+    if job.topology.is_leader:
+        if job.topology.node_count > 1:
+            _acknowledge(job, round_)
+        _clean_up(job, round_)
 
 
 def _report_to_leader(

@@ -11,11 +11,11 @@ from __future__ import annotations
 import io
 import os
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from torch.distributed.checkpoint.filesystem import (
     FileSystem,
@@ -38,20 +38,41 @@ class WrittenFile:
     blocks: tuple[tuple[int, int, str], ...] = ()
 
 
+class SaveAbandoned(RuntimeError):
+    """This rank stopped writing: the attempt it writes was abandoned (decided without it)."""
+
+
+class _StoppableWriter(ChecksummingWriter):
+    """A checksumming stream that asks ``stop`` before each write whether to go on at all."""
+
+    def __init__(self, raw: BinaryIO, stop: Callable[[], bool]) -> None:
+        super().__init__(raw)
+        self._stop = stop
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        if self._stop():
+            raise SaveAbandoned("the checkpoint was abandoned while this rank wrote it; stopped writing")
+        return super().write(data)
+
+
 class ChecksummingFileSystem(FileSystem):
     """A DCP ``FileSystem`` that records size and CRC64NVME of every file it writes.
 
     ``write_hook`` (fault injection and tests) is called with the file name before each file is
-    opened: pass a function that sleeps or raises to simulate a slow or failing disk.
+    opened: pass a function that sleeps or raises to simulate a slow or failing disk. ``stop``, asked
+    before each file and each write, says the attempt is over (abandoned): the rank stops writing
+    (:class:`SaveAbandoned`) instead of finishing bytes nobody will commit, so a slow disk keeps its
+    rank busy at most until the decision, not for the whole slow write.
     """
 
-    def __init__(self, root: Path, write_hook: Any = None) -> None:
+    def __init__(self, root: Path, write_hook: Any = None, stop: Callable[[], bool] | None = None) -> None:
         super().__init__()
         self._root = Path(root)
         self._lock = threading.Lock()
         self._written: dict[str, WrittenFile] = {}
         self._streams: dict[str, ChecksummingWriter] = {}
         self._write_hook = write_hook
+        self._stop = stop
 
     def init_path(self, path: str | os.PathLike[str]) -> str | os.PathLike[str]:
         # DCP re-points a writer (dcp.save(checkpoint_id=...) -> writer.reset) through this: files
@@ -68,6 +89,7 @@ class ChecksummingFileSystem(FileSystem):
         # by that process's copy.
         state = dict(self.__dict__)
         del state["_lock"], state["_streams"]
+        state["_stop"] = None  # a closure over this process's save: meaningless elsewhere
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -107,8 +129,10 @@ class ChecksummingFileSystem(FileSystem):
         target = Path(path)
         if self._write_hook is not None:
             self._write_hook(target.name)
+        if self._stop is not None and self._stop():
+            raise SaveAbandoned("the checkpoint was abandoned before this rank wrote it; not writing")
         with open(target, mode) as raw:
-            stream = ChecksummingWriter(raw)
+            stream = ChecksummingWriter(raw) if self._stop is None else _StoppableWriter(raw, self._stop)
             yield stream  # type: ignore[misc]
             stream.flush()
             record = WrittenFile(
@@ -119,10 +143,13 @@ class ChecksummingFileSystem(FileSystem):
             self._streams[record.path] = stream
 
 
-def make_writer(directory: Path, write_hook: Any = None) -> tuple[FileSystemWriter, ChecksummingFileSystem]:
-    """A DCP writer into ``directory`` (fsync on, one file per rank) that checksums as it writes."""
+def make_writer(
+    directory: Path, write_hook: Any = None, stop: Callable[[], bool] | None = None
+) -> tuple[FileSystemWriter, ChecksummingFileSystem]:
+    """A DCP writer into ``directory`` (fsync on, one file per rank) that checksums as it writes
+    (and stops when ``stop`` says the attempt is over)."""
     writer = FileSystemWriter(directory, single_file_per_rank=True, sync_files=True, overwrite=False)
-    fs = ChecksummingFileSystem(directory, write_hook)
+    fs = ChecksummingFileSystem(directory, write_hook, stop)
     writer.fs = fs
     return writer, fs
 
