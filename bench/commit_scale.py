@@ -107,6 +107,7 @@ def one_save(
             errors.append(exc)
 
     ops_before = sum(c.ops for c in clients)
+    bytes_before = sum(c.bytes_in + c.bytes_out for c in clients)
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
@@ -119,6 +120,7 @@ def one_save(
         "decision_s": timings["decided"] - timings["parts_in"],
         "round_s": end - timings["start"],
         "ops": sum(c.ops for c in clients) - ops_before,
+        "bytes": sum(c.bytes_in + c.bytes_out for c in clients) - bytes_before,
     }
 
 
@@ -153,17 +155,21 @@ def main(argv: list[str] | None = None) -> int:
         decision = statistics.median(r["decision_s"] for r in rows)
         whole = statistics.median(r["round_s"] for r in rows)
         ops = statistics.median(r["ops"] for r in rows)
+        moved = statistics.median(r["bytes"] for r in rows)
         nodes = -(-world // args.per_node)
         print(
             f"{world:4d} ranks ({nodes:3d} nodes): decision {decision * 1e3:7.2f} ms, whole round "
             f"{whole * 1e3:8.2f} ms, {ops:6.0f} store ops per save ({ops / world:.2f} per rank), "
-            f"keys left {left}",
+            f"keys left {left}, store bytes {moved / 1e6:.1f} MB per save "
+            f"({moved / (world * args.items):.0f} B per rank-item)",
             flush=True,
         )
         figures[f"commit_latency_s_{world}"] = decision
         figures[f"round_s_{world}"] = whole
         figures[f"store_ops_{world}"] = ops
         figures[f"keys_left_{world}"] = float(left)
+        figures[f"store_bytes_{world}"] = moved
+        figures[f"store_bytes_per_item_{world}"] = moved / (world * args.items)
         del clients
     print(json.dumps({"per_node": args.per_node, "items": args.items, "saves": args.saves}))
     print(

@@ -42,14 +42,16 @@ class StoreUnavailable(RuntimeError):
 class CoordinationStore:
     """A key-value view of one c10d Store: bytes values, bounded waits, an operation counter.
 
-    ``ops`` counts round trips to the store (a multi-key call counts once): what the commit
-    benchmark reports per save.
+    ``ops`` counts round trips to the store (a multi-key call counts once), ``bytes_out`` and
+    ``bytes_in`` the values this client sent and received: what the commit benchmark reports per save.
     """
 
     def __init__(self, store: dist.Store, label: str = "", keepalive: object = None) -> None:
         self._store = store
         self.label = label
         self.ops = 0
+        self.bytes_out = 0
+        self.bytes_in = 0
         self._keepalive = keepalive  # a listening socket the store was given: it must outlive it
 
     def _call(self, what: str, fn: object, *args: object) -> object:
@@ -67,9 +69,12 @@ class CoordinationStore:
         it is a round trip on the same connection, which the server answers only after the set."""
         self._call(f"set {key}", self._store.set, key, value)
         self._call(f"set {key} (confirm)", self._store.check, [key])
+        self.bytes_out += len(value)
 
     def get(self, key: str) -> bytes:
-        return self._call(f"get {key}", self._store.get, key)  # type: ignore[return-value]
+        value: bytes = self._call(f"get {key}", self._store.get, key)  # type: ignore[assignment]
+        self.bytes_in += len(value)
+        return value
 
     def get_if_present(self, key: str) -> bytes | None:
         """The value of ``key``, or None if it does not exist; never waits, never creates it.
@@ -80,7 +85,10 @@ class CoordinationStore:
         atomic step: the stored value, or (the key missing) that expected value back, without
         setting it."""
         got = self._call(f"get_if_present {key}", self._store.compare_set, key, _ABSENT, _ABSENT)
-        return None if got == _ABSENT else got  # type: ignore[return-value]
+        if got == _ABSENT:
+            return None
+        self.bytes_in += len(got)  # type: ignore[arg-type]
+        return got  # type: ignore[return-value]
 
     def set_if_absent(self, key: str, value: bytes) -> bytes:
         """Store ``value`` under ``key`` unless the key holds a value already; return the value the
@@ -89,12 +97,17 @@ class CoordinationStore:
         empty."""
         if not value:
             raise ValueError("set_if_absent: an empty value cannot be told from no value")
-        return self._call(f"set_if_absent {key}", self._store.compare_set, key, b"", value)  # type: ignore[return-value]
+        held: bytes = self._call(f"set_if_absent {key}", self._store.compare_set, key, b"", value)  # type: ignore[assignment]
+        self.bytes_out += len(value)
+        self.bytes_in += len(held)
+        return held
 
     def multi_get(self, keys: Sequence[str]) -> list[bytes]:
         if not keys:
             return []
-        return self._call(f"multi_get {keys[0]}...", self._store.multi_get, list(keys))  # type: ignore[return-value]
+        values: list[bytes] = self._call(f"multi_get {keys[0]}...", self._store.multi_get, list(keys))  # type: ignore[assignment]
+        self.bytes_in += sum(len(v) for v in values)
+        return values
 
     def check(self, keys: Sequence[str]) -> bool:
         return bool(self._call(f"check {keys[0]}...", self._store.check, list(keys)))
