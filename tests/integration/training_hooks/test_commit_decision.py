@@ -10,6 +10,10 @@ own hot root) with real processes, a real TCPStore and a SQLite catalog.
   staged event in its outbox (what reconcile delivers: the step is promoted), every node keeps its
   part, and a fresh restore takes the step. Before, the lost store turned the save into ABANDONED in
   the catalog though every node held its manifest.
+- A node whose disk turns slow past the deadline: that save is abandoned on both nodes, the straggler
+  stops writing once it reads the decision, and at most the one following save is skipped as busy;
+  the saves after it commit. Before, the straggler wrote to its end (its rank busy all along) and the
+  leader waited for it up to max(600 s, 10 x deadline), every save of the job skipped meanwhile.
 """
 
 from __future__ import annotations
@@ -129,3 +133,25 @@ def test_a_store_lost_after_the_decision_leaves_the_checkpoint_committed_and_ann
     restored = _finish(tmp_path, "restore", _launch(tmp_path, "restore", "restore"))
     assert [r["restored"] for r in restored] == [5, 5]
     assert (tmp_path / "node1" / RUN / "step-5" / MANIFEST_NAME).is_file()  # the decision written back
+
+
+def test_a_node_slowed_past_the_deadline_costs_at_most_the_one_following_save(tmp_path: Path) -> None:
+    results = _finish(tmp_path, "slow", _launch(tmp_path, "slow", "slow"))
+    logs = _logs(tmp_path, "slow")
+    for result in results:
+        assert result["outcomes"]["5"] == "abandoned", (result, logs)
+        assert result["skipped_busy"] <= 1, (result, logs)
+        assert result["started"]["7"] and result["started"]["8"], (result, logs)
+        assert result["outcomes"]["7"] == "committed" and result["outcomes"]["8"] == "committed", (
+            result,
+            logs,
+        )
+    assert results[0]["started"] == results[1]["started"]  # every rank takes the same skip decision
+    (row,) = _rows(tmp_path, 5)
+    assert row.state == CheckpointState.ABANDONED
+    for node in range(2):
+        run_dir = tmp_path / f"node{node}" / RUN
+        assert not (run_dir / "step-5").exists()
+        assert {7, 8} <= set(layout.committed_steps(run_dir))
+        # nothing of the abandoned attempt is left once the leader's next save has run
+        assert not [p for p in run_dir.iterdir() if p.name.startswith("step-5.")], sorted(run_dir.iterdir())
