@@ -17,11 +17,18 @@ __all__ = ["deployment_name", "node_deployments"]
 
 
 def node_deployments(
-    config_path: str, host: str, housekeeping_interval_s: int = 300, *, replicate: bool = False
+    config_path: str,
+    host: str,
+    housekeeping_interval_s: int = 300,
+    *,
+    replicate: bool = False,
+    on_staged_event: bool = True,
 ) -> list:
     """The RunnerDeployments of the agent on ``host`` (``config_path`` as this node sees it); with
-    ``replicate``, also ``replicate-part`` (this node's parts pushed to its peers on each staged
-    event, alongside ``promote-part``)."""
+    ``replicate``, also ``replicate-part`` (this node's parts pushed to its peers, alongside
+    ``promote-part``). With ``on_staged_event`` both are triggered by each staged event naming this
+    host; without it (the agent watches its disk and starts them itself: agent/commit_watch.py) they
+    have no trigger and stay runnable by hand from the UI or ``prefect deployment run``."""
     config = str(Path(config_path).resolve())
     on_staged = DeploymentEventTrigger(
         name=f"checkpoint staged, part on {host}",
@@ -35,6 +42,7 @@ def node_deployments(
             "node": host,
         },
     )
+    triggers = [on_staged] if on_staged_event else []
     module = EntrypointType.MODULE_PATH
     tags = ["ckptflow", f"node:{host}"]
     extra = []
@@ -43,7 +51,7 @@ def node_deployments(
             replicate_part.to_deployment(
                 name=deployment_name(host),
                 entrypoint_type=module,
-                triggers=[on_staged],
+                triggers=triggers,
                 parameters={"config_path": config, "node": host},
                 description=f"Copy node {host}'s part of a staged checkpoint to its peers' NVMe.",
                 tags=tags,
@@ -54,7 +62,7 @@ def node_deployments(
         promote_part.to_deployment(
             name=deployment_name(host),
             entrypoint_type=module,
-            triggers=[on_staged],
+            triggers=triggers,
             parameters={"config_path": config, "node": host},
             description=f"Copy node {host}'s part of a staged checkpoint to warm; publish it when complete.",
             tags=tags,

@@ -32,6 +32,12 @@ def deployment_name(host: str) -> str:
     return f"node-{host}"
 
 
+def part_run_name(flow: str, host: str, run: str, step: int) -> str:
+    """``<flow>/<host>/<run>/step-<N>``: the name of the flow run a node's agent starts itself when
+    its part of (run, step) is committed (agent/part_runs.py), how catch-up finds it."""
+    return f"{flow}/{host}/{run}/step-{step}"
+
+
 def this_host() -> str:
     """The name nodes are known by in manifests and events (``socket.gethostname()``)."""
     return socket.gethostname()

@@ -34,11 +34,12 @@ from prefect.client.schemas.filters import (
     DeploymentFilterId,
     FlowRunFilter,
     FlowRunFilterExpectedStartTime,
+    FlowRunFilterName,
 )
 from prefect.states import Scheduled
 
 from ckptflow.catalog import Catalog
-from ckptflow.pipeline.part import deployment_name
+from ckptflow.pipeline.part import deployment_name, part_run_name
 from ckptflow.pipeline.part_catch_up import idempotency_key, made_at, parts_being_copied, waited_nodes
 from ckptflow.storage.manifest import Manifest
 
@@ -47,9 +48,14 @@ log = logging.getLogger("ckptflow.catch_up")
 PROMOTE_PART_FLOW = "promote-part"
 
 
-def _has_a_run_for(client: Any, deployment_id: Any, manifest: Manifest) -> bool:
-    """Whether the deployment has a run of (run, step) since shortly before the checkpoint was
-    made that did not fail: then the node's own run was not lost (or another node asked already)."""
+def _has_a_run_for(client: Any, deployment_id: Any, manifest: Manifest, host: str) -> bool:
+    """Whether the node has a run of (run, step) that did not fail: the one its agent started on
+    seeing the commit (named by ``part_run_name``), or one of its deployment's since shortly before
+    the checkpoint was made (the staged event's, or another node asked already). Then the node's
+    own run was not lost."""
+    named = FlowRunFilterName(any_=[part_run_name(PROMOTE_PART_FLOW, host, manifest.run, manifest.step)])
+    if any(_alive(r) for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(name=named), limit=20)):
+        return True
     since = made_at(manifest) - timedelta(minutes=5)
     runs = client.read_flow_runs(
         deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
@@ -57,13 +63,15 @@ def _has_a_run_for(client: Any, deployment_id: Any, manifest: Manifest) -> bool:
         limit=200,
     )
     return any(
-        r.parameters.get("run") == manifest.run
-        and r.parameters.get("step") == manifest.step
-        and not (
-            r.state is not None and (r.state.is_failed() or r.state.is_crashed() or r.state.is_cancelled())
-        )
+        r.parameters.get("run") == manifest.run and r.parameters.get("step") == manifest.step and _alive(r)
         for r in runs
     )
+
+
+def _alive(run: Any) -> bool:
+    """Not failed, crashed or cancelled: running, done, or still to run."""
+    state = run.state
+    return not (state is not None and (state.is_failed() or state.is_crashed() or state.is_cancelled()))
 
 
 @dataclass
@@ -76,13 +84,13 @@ class RunLookup:
 
 
 def look_up_runs(client: Any, manifest: Manifest, hosts: list[str]) -> RunLookup:
-    """For each of ``hosts``: does its deployment have a live run of (run, step)? Two small
-    requests per host; an error is recorded on the host, never raised."""
+    """For each of ``hosts``: does it have a live run of (run, step)? Two or three small requests
+    per host; an error is recorded on the host, never raised."""
     found = RunLookup()
     for host in hosts:
         try:
             deployment = client.read_deployment_by_name(f"{PROMOTE_PART_FLOW}/{deployment_name(host)}")
-            if _has_a_run_for(client, deployment.id, manifest):
+            if _has_a_run_for(client, deployment.id, manifest, host):
                 found.with_run.add(host)
             else:
                 found.without_run[host] = deployment.id

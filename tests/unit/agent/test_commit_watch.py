@@ -1,0 +1,162 @@
+"""The agent sees its node's parts committed on its own disk and starts their runs itself
+(agent/commit_watch.py, agent/part_runs.py): what counts as a commit, what is reported once, and the
+runs it starts, in order and bounded."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptflow.agent.commit_watch import CommitWatcher
+from ckptflow.agent.part_runs import PartRuns
+from ckptflow.storage.manifest import MANIFEST_NAME
+
+
+def _commit(hot: Path, run: str, step: int) -> Path:
+    """A part as the node's leader leaves it: files first, the manifest last (by rename)."""
+    directory = hot / run / f"step-{step}"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "__0_0.distcp").write_bytes(b"x" * 16)
+    tmp = directory / f".{MANIFEST_NAME}.tmp"
+    tmp.write_text("{}")
+    os.replace(tmp, directory / MANIFEST_NAME)
+    return directory
+
+
+def test_only_new_commits_are_reported_oldest_first_and_each_once(tmp_path: Path) -> None:
+    _commit(tmp_path, "llm", 10)  # held before the agent started: start-up catch-up's, not reported
+    seen: list[tuple[str, int]] = []
+    watcher = CommitWatcher(tmp_path, lambda run, step: seen.append((run, step)))
+    watcher.poll(report=False)
+    (tmp_path / "llm" / "step-20").mkdir()  # a part without its decision yet: not committed
+    (tmp_path / "llm" / "step-30.partial-abc").mkdir()  # being written
+    (tmp_path / "llm" / "quarantine").mkdir()
+    (tmp_path / ".ckptflow-peer.json").write_text("{}")
+    assert watcher.poll() == []
+    _commit(tmp_path, "llm", 20)
+    _commit(tmp_path, "llm", 15)
+    _commit(tmp_path, "other", 5)
+    assert watcher.poll() == [("other", 5), ("llm", 15), ("llm", 20)]
+    assert watcher.poll() == []
+    assert seen == [("other", 5), ("llm", 15), ("llm", 20)]
+
+
+def test_a_step_saved_again_after_being_moved_aside_counts_as_a_new_commit(tmp_path: Path) -> None:
+    _commit(tmp_path, "llm", 10)
+    watcher = CommitWatcher(tmp_path, lambda run, step: None)
+    watcher.poll(report=False)
+    (tmp_path / "llm" / "step-10").rename(tmp_path / "llm" / "stale-10")  # superseded: moved aside
+    assert watcher.poll() == []
+    _commit(tmp_path, "llm", 10)  # the step saved again: another manifest file
+    assert watcher.poll() == [("llm", 10)]
+
+
+def test_an_unreadable_hot_root_reports_nothing_twice_once_it_is_back(tmp_path: Path) -> None:
+    hot = tmp_path / "hot"
+    _commit(hot, "llm", 10)
+    watcher = CommitWatcher(hot, lambda run, step: None)
+    watcher.poll(report=False)
+    hot.rename(tmp_path / "away")  # the disk is gone for a while (unmounted, EIO)
+    assert watcher.poll() == []
+    (tmp_path / "away").rename(hot)
+    assert watcher.poll() == []  # step 10 was known: not a new commit
+
+
+def test_a_handler_that_fails_does_not_hide_the_next_commit(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    def handler(run: str, step: int) -> None:
+        seen.append(step)
+        if step == 1:
+            raise RuntimeError("catalog down")
+
+    watcher = CommitWatcher(tmp_path, handler)
+    watcher.poll(report=False)
+    _commit(tmp_path, "llm", 1)
+    _commit(tmp_path, "llm", 2)
+    assert watcher.poll() == [("llm", 1), ("llm", 2)]
+    assert seen == [1, 2]
+
+
+def test_the_watcher_thread_reports_a_commit_within_a_few_polls(tmp_path: Path) -> None:
+    arrived = threading.Event()
+    watcher = CommitWatcher(tmp_path, lambda run, step: arrived.set(), interval_s=0.05).start()
+    try:
+        _commit(tmp_path, "llm", 7)
+        assert arrived.wait(timeout=30)
+    finally:
+        watcher.stop()
+
+
+def test_a_non_positive_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match="interval must be > 0"):
+        CommitWatcher(Path("."), lambda run, step: None, interval_s=0)
+
+
+def test_each_commit_starts_every_part_flow_of_the_node_with_its_parameters() -> None:
+    calls: list[tuple[str, dict]] = []
+
+    def flow(name: str):
+        def call(**kwargs: object) -> str:
+            calls.append((name, kwargs))
+            return name
+
+        return call
+
+    runs = PartRuns(
+        "/etc/ckptflow.yaml",
+        "node7",
+        replicate=True,
+        limit=2,
+        flows={"promote-part": flow("p"), "replicate-part": flow("r")},
+    )
+    futures = runs.on_commit("llm", 40)
+    assert sorted(f.result(timeout=30) for f in futures) == ["p", "r"]
+    runs.close()
+    assert sorted(c[0] for c in calls) == ["p", "r"]
+    assert all(
+        c[1] == {"run": "llm", "step": 40, "config_path": "/etc/ckptflow.yaml", "node": "node7"}
+        for c in calls
+    )
+
+
+def test_a_waiting_replication_of_an_older_step_is_dropped_promotions_all_run() -> None:
+    gate = threading.Event()
+    done: list[tuple[str, int]] = []
+
+    def promote(**kw: object) -> None:
+        gate.wait(10)
+        done.append(("promote", kw["step"]))  # type: ignore[arg-type]
+
+    def replicate(**kw: object) -> None:
+        done.append(("replicate", kw["step"]))  # type: ignore[arg-type]
+
+    runs = PartRuns(
+        "c.yaml", "n", replicate=True, limit=1, flows={"promote-part": promote, "replicate-part": replicate}
+    )
+    first = runs.on_commit("llm", 1)  # promote 1 holds the only slot; replicate 1 waits
+    second = runs.on_commit("llm", 2)
+    gate.set()
+    for f in [*first, *second]:
+        f.result(timeout=30)
+    runs.close()
+    assert done == [("promote", 1), ("promote", 2), ("replicate", 2)]
+
+
+def test_a_failed_flow_is_logged_and_kept_and_the_next_still_runs(caplog: pytest.LogCaptureFixture) -> None:
+    def failing(**kw: object) -> None:
+        raise RuntimeError("warm is read-only")
+
+    runs = PartRuns("c.yaml", "n", replicate=False, limit=1, flows={"promote-part": failing})
+    for step in (1, 2):
+        (future,) = runs.on_commit("llm", step)
+        assert future.result(timeout=30) is None
+    runs.close()
+    assert [(f[0], f[2]) for f in runs.failures] == [("promote-part", 1), ("promote-part", 2)]
+    assert "warm is read-only" in caplog.text
+    assert [s[2] for s in runs.started] == [1, 2]
+    assert all(s[3] <= time.monotonic() for s in runs.started)
