@@ -7,7 +7,7 @@ disk remain the truth: :func:`sync_from_root` rebuilds the catalog from them.
 
 from ckptflow.catalog.catalog import Catalog
 from ckptflow.catalog.engine import normalize_url
-from ckptflow.catalog.leases import ALL_PARTS, LeaseGrant, LeaseKey, LeaseRefusal
+from ckptflow.catalog.leases import ALL_PARTS, RESTORE_FETCH, LeaseGrant, LeaseKey, LeaseRefusal
 from ckptflow.catalog.models import (
     LIVE_STATES,
     TIERS,
@@ -39,6 +39,7 @@ from ckptflow.catalog.transitions import (
 
 __all__ = [
     "ALL_PARTS",
+    "RESTORE_FETCH",
     "AuditFacts",
     "CheckpointFile",
     "CheckpointPin",

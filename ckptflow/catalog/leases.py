@@ -24,6 +24,9 @@ from ckptflow.catalog.rows import insert_ignore, locked, log_event
 from ckptflow.catalog.sessions import Sessions
 
 ALL_PARTS = "all"
+# A restore fetching a checkpoint's files into nodes' hot roots (taken by the restoring job's rank 0):
+# retention deletes no copy of that checkpoint while one is live (retention_rows._held_by).
+RESTORE_FETCH = "restore-fetch"
 _ACQUIRE_ROUNDS = 5  # a row released between our insert attempt and our lock: try the insert again
 
 

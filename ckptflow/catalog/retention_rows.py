@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, delete, select
 
+from ckptflow.catalog.leases import RESTORE_FETCH
 from ckptflow.catalog.models import (
     LIVE_STATES,
     Checkpoint,
     CheckpointPin,
     DeletionAudit,
     DeletionPhase,
+    Lease,
     Replica,
     ReplicaState,
     utcnow,
@@ -177,8 +179,10 @@ def _lock_replica_by_id(session: Any, replica_id: int) -> tuple[Checkpoint, Repl
     return cp, replica
 
 
-def _held_by(session: Any, checkpoint_id: int, at: datetime) -> str | None:
-    """Why retention must not delete from ``checkpoint_id`` now (a pin, a promotion), or None."""
+def _held_by(session: Any, cp: Checkpoint, at: datetime) -> str | None:
+    """Why retention must not delete from checkpoint ``cp`` now (a pin, a promotion, a restore
+    fetching its files), or None."""
+    checkpoint_id = cp.id
     pins = session.exec(
         select(CheckpointPin).where(
             CheckpointPin.checkpoint_id == checkpoint_id, CheckpointPin.expires_at > at
@@ -190,6 +194,18 @@ def _held_by(session: Any, checkpoint_id: int, at: datetime) -> str | None:
     copying = session.exec(stmt).all()
     if copying:
         return "being promoted to " + ", ".join(sorted(r.tier for r in copying))
+    # A restore reads this checkpoint from whichever node or tier holds each file: a live fetch
+    # lease (any node's) holds every copy until the job has loaded it or the lease has run out.
+    fetching = session.exec(
+        select(Lease).where(
+            Lease.run == cp.run,
+            Lease.step == cp.step,
+            Lease.purpose == RESTORE_FETCH,
+            Lease.expires_at > utcnow(),
+        )
+    ).all()
+    if fetching:
+        return "being fetched by a restore: " + ", ".join(sorted({f.holder for f in fetching}))
     return None
 
 
@@ -218,7 +234,7 @@ def soft_delete_unless_held(
         cp, replica = _lock_replica_by_id(session, replica_id)
         if _soft_delete_audited(session, replica_id):
             return None, "already soft-deleted"
-        why = _held_by(session, cp.id, at)  # type: ignore[arg-type]
+        why = _held_by(session, cp, at)
         if why is not None:
             return None, why
         trash_uri = soft_delete()

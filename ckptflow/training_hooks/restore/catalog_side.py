@@ -66,7 +66,7 @@ class RestoreCatalogSide:
         within ``fetch_timeout_s``), then taken over and logged: training never waits on the pipeline
         for longer. No heartbeat: the lease lasts the fetch's own deadline plus a minute. A catalog
         that fails is logged and the fetch goes on."""
-        from ckptflow.catalog import LeaseGrant  # noqa: PLC0415 - rank 0 with a catalog only
+        from ckptflow.catalog import RESTORE_FETCH, LeaseGrant  # noqa: PLC0415 - rank 0 with a catalog only
 
         assert self.catalog is not None
         holder = f"restore-fetch by rank 0 on {self.host} pid {os.getpid()}"
@@ -83,7 +83,7 @@ class RestoreCatalogSide:
                     "hot",
                     host,
                     holder=holder,
-                    purpose="restore-fetch",
+                    purpose=RESTORE_FETCH,
                     ttl_s=self.fetch_timeout_s + 60.0,
                     work_uri=str(self.run_dir / layout.committed_name(step)),
                     force=force,

@@ -78,3 +78,34 @@ def test_each_node_deletes_its_own_parts_and_never_its_newest_complete_checkpoin
     for host in HOSTS:
         leftovers = [p.name for p in (tmp_path / host / "hot" / RUN).iterdir() if "trash" in p.name]
         assert leftovers == [], (host, leftovers)
+
+
+def test_a_step_a_restore_is_fetching_is_kept_until_its_lease_ends(tmp_path: Path) -> None:
+    """Restore takes a restore-fetch lease before nodes fetch a checkpoint's files from wherever they
+    are; hot retention deletes no copy of that step while the lease is live, on any node."""
+    from ckptflow.catalog import RESTORE_FETCH
+
+    configs = build_two_node_world(tmp_path)
+    catalog = Catalog.open(f"sqlite:///{tmp_path / 'catalog.db'}")
+    try:
+        grant = catalog.acquire_lease(
+            RUN,
+            3,
+            "hot",
+            "host-b",
+            holder="restore-fetch by rank 0 on host-b pid 7",
+            purpose=RESTORE_FETCH,
+            ttl_s=600,
+        )
+        assert grant is not None and grant.token
+        a = {r["step"]: r for r in node_hot_retention(str(configs["host-a"]), "host-a")}
+        assert a[3]["action"] == "kept" and "being fetched by a restore" in a[3]["detail"], a[3]
+        assert "host-b pid 7" in a[3]["detail"]
+        assert {s for s, r in a.items() if r["action"] == "deleted"} == {1, 4}
+        assert 3 in _steps_on(tmp_path, "host-a")
+        catalog.release_leases([grant.token])
+    finally:
+        catalog.dispose()
+    again = {r["step"]: r for r in node_hot_retention(str(configs["host-a"]), "host-a")}
+    assert again[3]["action"] == "deleted"  # the restore is done: retention goes on
+    assert 3 not in _steps_on(tmp_path, "host-a")
