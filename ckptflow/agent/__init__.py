@@ -5,11 +5,9 @@
 node's Prefect deployments, so their flow runs execute here, as subprocesses of the agent, and show
 in the Prefect UI under the node's name:
 
-- ``promote-part/node-<host>``: triggered by every ``ckptflow.checkpoint.staged`` event that names
-  this host as one of its nodes (the event carries one related resource per node; the trigger's
-  ``match_related`` picks this host's): copy this node's part to warm, publish when complete;
-- ``replicate-part/node-<host>``: triggered by the same event: copy this node's part to its
-  ``replication.factor - 1`` peers' NVMe (``ckptflow.peer``), in parallel with the promotion;
+- ``promote-part/node-<host>``: copy this node's part to warm, publish when complete;
+- ``replicate-part/node-<host>``: copy this node's part to its ``replication.factor - 1`` peers'
+  NVMe (``ckptflow.peer``), in parallel with the promotion;
 - ``node-housekeeping/node-<host>``: on an interval, sync this node's holdings into the catalog,
   clean stale partials, promote what events missed.
 
@@ -17,6 +15,13 @@ With a replication secret configured (``replication.secret_file`` or ``secret_en
 serves this node's hot root to its peers (:class:`ckptflow.peer.PeerServer`, on
 ``replication.bind_host:port`` or ``--peer-bind``) and registers the address in the catalog, where
 pushers and restores look it up by host name.
+
+Both part flows start the moment the node's part is committed on its disk: the agent watches its hot
+root (:mod:`ckptflow.agent.commit_watch`) and runs them itself, as flow runs in its own process
+(:mod:`ckptflow.agent.part_runs`), with no round trip through the Prefect server first. With
+``--on-commit event`` they are triggered instead by every ``ckptflow.checkpoint.staged`` event that
+names this host as one of its nodes (the event carries one related resource per node; the trigger's
+``match_related`` picks this host's), seconds later.
 
 Routing choice (see ../shared/MULTINODE.md §5): one deployment per node, served by that node's agent
 (``serve``), matching the node in the event's related resources. No work-pool queue naming, no

@@ -1,11 +1,12 @@
 """``replicate-part``: copy what this node holds of a decided checkpoint to its peers' NVMe.
 
-Triggered, like ``promote-part``, by ``ckptflow.checkpoint.staged`` through the node's own
-deployment (see :mod:`ckptflow.agent`), so it runs on the node that holds the part, in parallel with
-the promotion to warm and off the training path. Each part goes to the ``replication.factor - 1``
-peers ``ckptflow.peer.peers_for`` names, over the authenticated peer transport, every file verified
-on receipt; the catalog records each copy (``PartReplica``). A peer that did not get its copy fails
-the flow run (red in the Prefect UI, every failed peer named) after the others were tried.
+Started, like ``promote-part``, by the node's agent at the commit (or by the staged event through
+the node's own deployment: see :mod:`ckptflow.agent`), so it runs on the node that holds the part,
+in parallel with the promotion to warm and off the training path. Each part goes to the
+``replication.factor - 1`` peers ``ckptflow.peer.peers_for`` names, over the authenticated peer
+transport, every file verified on receipt; the catalog records each copy (``PartReplica``). A peer
+that did not get its copy fails the flow run (red in the Prefect UI, every failed peer named) after
+the others were tried.
 """
 
 from __future__ import annotations
