@@ -40,7 +40,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from ckptflow.peer.auth import MAX_SKEW_S, SCHEME, PeerSecret, Verifier, as_secret
+from ckptflow.peer.auth import (
+    MAX_SKEW_S,
+    NOT_BEFORE_HEADER,
+    SCHEME,
+    PeerSecret,
+    Verifier,
+    as_secret,
+    authority,
+    printable,
+)
 from ckptflow.peer.errors import Refused
 from ckptflow.peer.store import HeldReplica, ReplicaStore
 from ckptflow.storage import checksums
@@ -73,16 +82,23 @@ class _Authenticate:
         target = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode("latin-1")
-        reason = self.verifier.check(headers.get("authorization"), scope["method"], target, headers)
+        server = scope.get("server")
+        local = authority(server[0], server[1]) if server and server[1] is not None else None
+        reason = self.verifier.check(headers.get("authorization"), scope["method"], target, headers, local)
         if reason is None:
             await self.app(scope, receive, send)
             return
         client = scope.get("client") or ("?", 0)
+        # Rate-limited (a flood of unsigned requests must not flood the log) and escaped (a path
+        # with %0A must not forge a line).
         log.warning(
-            "peer server: refused %s %s from %s: %s", scope["method"], scope["path"], client[0], reason
-        )
+            "peer server: refused %s %s from %s: %s",
+            printable(scope["method"]), printable(target), printable(str(client[0])), reason,
+        )  # fmt: skip
         response = _json(
-            401, {"error": f"peer authentication failed: {reason}"}, {"WWW-Authenticate": SCHEME}
+            401,
+            {"error": f"peer authentication failed: {reason}"},
+            {"WWW-Authenticate": SCHEME, NOT_BEFORE_HEADER: str(self.verifier.not_before)},
         )
         await response(scope, receive, send)
 
@@ -330,14 +346,21 @@ class PeerServer:
         http: str = "auto",
     ) -> None:
         self.store = ReplicaStore(Path(hot_root))
-        self._verifier = Verifier(as_secret(secret), max_skew_s)
         self._socket = _bind(host, port)
         self.host = host
         self.port = self._socket.getsockname()[1]
+        # Requests must be signed for this server: its bind address, and (in the middleware) the
+        # local address a connection arrived at, which covers a wildcard bind.
+        self._verifier = Verifier(as_secret(secret), [authority(host, self.port)], max_skew_s)
         self._log_level = log_level
         self._http = http  # uvicorn's parser: "auto" = httptools if installed, else h11
         self._server: Any = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def not_before_ms(self) -> int:
+        """Requests signed before this time (unix ms; the server's start) are refused."""
+        return self._verifier.not_before
 
     @property
     def url(self) -> str:
