@@ -13,8 +13,8 @@ Endpoints (every one authenticated, see :mod:`ckptflow.peer.auth`; errors are JS
   node's own part), single ``Range`` supported; ``X-Ckptflow-Crc64nvme``/``X-Ckptflow-Size``
   give the manifest's CRC and size of the whole file. ``GET .../manifest``: the manifest bytes.
 - ``GET /v1/replicas[?run=]``: what this node can serve. ``DELETE /v1/replicas/{run}/{step}/{part}``:
-  remove a peer replica (retention). ``POST .../quarantine`` (``{"reason"}``): move a copy that
-  failed verification aside. ``GET /v1/health``.
+  remove a peer replica (retention). ``POST .../quarantine`` (``{"reason", "path"}``): move a copy
+  aside, only if it fails verification when this node reads it again (409 if it verifies). ``GET /v1/health``.
 
 Bound to one configured address (127.0.0.1 unless configured otherwise); binding every interface
 happens only when asked for by name (``0.0.0.0``/``::``), and is logged.
@@ -257,10 +257,15 @@ class _Routes:
     async def quarantine_replica(self, run: str, step: int, part: str, request: Request) -> Any:
         body = await _body(request)
         try:
-            reason = str(json.loads(body).get("reason", ""))
+            claim = json.loads(body)
+            reason = str(claim.get("reason", ""))
+            path = claim.get("path")
         except (ValueError, AttributeError):
-            raise Refused(400, 'the body must be JSON {"reason": "..."}') from None
-        return {"quarantined": await run_in_threadpool(self.store.quarantine, run, step, part, reason)}
+            raise Refused(400, 'the body must be JSON {"reason": "...", "path": "..."}') from None
+        if path is not None and not isinstance(path, str):
+            raise Refused(400, f'"path" must be a file path of the part, got {type(path).__name__}')
+        moved = await run_in_threadpool(self.store.quarantine, run, step, part, reason, path)
+        return {"quarantined": moved}
 
 
 async def _refused(_request: Request, exc: Refused) -> Any:
