@@ -21,11 +21,11 @@ import os
 from typing import Any
 
 from ckptflow.peer.auth import PeerSecret
-from ckptflow.peer.bandwidth import TokenBucket
 from ckptflow.peer.errors import PeerCorrupt
 from ckptflow.peer.fetch import fetch_files, read_range
 from ckptflow.peer.http import PeerConnection
 from ckptflow.peer.identity import PartId
+from ckptflow.peer.node_budget import Pacer
 from ckptflow.peer.push import PushResult, push
 from ckptflow.peer.store import HeldReplica
 from ckptflow.storage import checksums
@@ -62,15 +62,17 @@ class PeerClient(PeerConnection):
         owner_part: int,
         bandwidth_bytes_per_s: float | None = None,
         *,
-        bucket: TokenBucket | None = None,
+        bucket: Pacer | None = None,
         progress: Progress | None = None,
     ) -> PushResult:
         """Replicate node ``owner_part``'s part of ``manifest``'s checkpoint, read from
         ``hot_step_dir`` (which holds that part and the decided manifest), to this peer.
 
-        ``bandwidth_bytes_per_s`` caps the bytes sent (or pass a ``bucket`` shared by several
-        pushes); ``progress(n)`` is called after each chunk sent (an exception from it aborts the
-        push, leaving nothing visible on the peer). Raises LocalFileCorrupt if a local file does
+        ``bandwidth_bytes_per_s`` caps the bytes this push sends; a ``bucket`` shared by several
+        pushes caps them together (the node's budget, shared by every process of the node, is
+        :class:`~ckptflow.peer.node_budget.NodeBandwidth`: what replication uses).
+        ``progress(n)`` is called after each chunk sent (an exception from it aborts the push,
+        leaving nothing visible on the peer). Raises LocalFileCorrupt if a local file does
         not match the manifest (the peer keeps nothing of it), PeerError subclasses otherwise.
         """
         return push(self, hot_step_dir, manifest, owner_part, bandwidth_bytes_per_s, bucket, progress)
