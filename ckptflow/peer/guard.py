@@ -10,8 +10,10 @@ protocol class (h11 or httptools) so that:
 - at most ``max_connections`` are open (default: from the descriptors the process may open, less a
   reserve, so a connection and the file it serves always fit). At the bound, a new connection
   evicts the one that has waited longest for its request's headers (a slow or idle client); if
-  every connection is busy with a real request, the new one gets a canned 503 and is closed, which
-  clients retry. An authenticated fetch therefore gets through a flood of half-open connections;
+  every connection is busy with a real request, the new one is closed before a byte of it is read,
+  after a canned 503 (a client that had already sent its request sees a reset instead, the kernel's
+  answer to unread bytes); clients retry both. An authenticated fetch therefore gets through a
+  flood of half-open connections;
 - a request's headers must arrive within ``header_timeout_s`` of the connection opening or of the
   previous response (an idle keep-alive connection ends then too);
 - a request body must make progress: ``body_timeout_s`` without a byte while the server waits for
@@ -34,18 +36,13 @@ log = logging.getLogger("ckptflow.peer")
 
 FD_RESERVE = 128  # descriptors kept for the agent itself: its flow runs, catalog, logs, fsync threads
 MAX_DEFAULT_CONNECTIONS = 1024
-
-
-def _busy_response() -> bytes:
-    body = b"peer server: too many connections; retry"
-    head = (
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\nretry-after: 1\r\n\r\n"
-    )
-    return head.encode() + body
-
-
 MAX_BACKLOG = 128
+_BUSY_BODY = b"peer server: too many connections; retry"
+# What a connection over the bound gets before it is closed: clients retry a 503 (peer/http.py).
+BUSY_RESPONSE = (
+    "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n"
+    f"content-length: {len(_BUSY_BODY)}\r\nconnection: close\r\nretry-after: 1\r\n\r\n"
+).encode() + _BUSY_BODY
 
 
 def descriptor_budget(soft_limit: int) -> tuple[int, int]:
@@ -122,7 +119,7 @@ def guarded(base: type[Any], limits: ConnectionLimits, stats: GuardStats) -> typ
                 )  # fmt: skip
                 self._waiting_since = None
                 self.connections.discard(self)
-                transport.write(_busy_response())  # type: ignore[attr-defined]
+                transport.write(BUSY_RESPONSE)  # type: ignore[attr-defined]
                 transport.close()
                 return
             self._arm(limits.header_timeout_s, self._header_deadline)

@@ -22,7 +22,9 @@ import pytest
 from peer_parts import RUN, SECRET, STEP, Checkpoint, make_checkpoint, tree
 
 from ckptflow.peer import PartId, PeerClient, PeerServer, push_part, replica_entries
+from ckptflow.peer.auth import PeerSecret, authorization
 from ckptflow.peer.guard import ConnectionLimits
+from ckptflow.peer.store import RECV_PREFIX
 
 pytestmark = pytest.mark.slow
 
@@ -94,9 +96,11 @@ class HalfOpen:
         deadline = time.monotonic() + 60  # bounded whatever happens
         while not self._stop.is_set() and time.monotonic() < deadline:
             for i, sock in enumerate(self.sockets):
+                if self._stop.is_set():
+                    return
                 if sock is not None:
-                    sock.setblocking(False)
                     try:
+                        sock.setblocking(False)
                         if sock.recv(4096) != b"":
                             continue  # an answer (a 503): closed next round
                     except BlockingIOError:
@@ -215,6 +219,27 @@ def test_half_open_connections_and_a_flood_of_bad_requests_leave_an_authenticate
     assert not [line for line in lines if line.startswith("FORGED")]  # %0A stayed in its line
 
 
+def stalled_put(server: PeerServer, ckpt: Checkpoint) -> bytes:
+    """A correctly signed PUT of a file of part 1, with half its body: the bytes to send."""
+    body = ckpt.manifest.to_json()
+    with PeerClient(server.url, SECRET) as client:
+        opened = client.request(
+            "POST", f"/v1/replicas/{RUN}/{STEP}/part-1-of-2/open", "open", body=body
+        ).json()
+    entry = replica_entries(ckpt.manifest, 1)[0]
+    path = f"/v1/replicas/{RUN}/{STEP}/part-1-of-2/files/{entry.path}"
+    headers = {
+        "host": f"127.0.0.1:{server.port}",
+        "x-ckptflow-size": str(entry.size),
+        "x-ckptflow-crc64nvme": entry.checksum,
+        "x-ckptflow-manifest": opened["manifest_id"],
+    }
+    signature = authorization(PeerSecret(SECRET), "PUT", path, headers)
+    head = f"PUT {path} HTTP/1.1\r\nContent-Length: {entry.size}\r\nAuthorization: {signature}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    return head.encode() + ckpt.data[entry.path][: entry.size // 2]
+
+
 def test_a_request_that_never_finishes_its_headers_or_body_is_cut_off(
     tmp_path: Path, ckpt: Checkpoint
 ) -> None:
@@ -228,31 +253,45 @@ def test_a_request_that_never_finishes_its_headers_or_body_is_cut_off(
             assert slow.recv(1) == b""  # closed by the server (a 10 s socket timeout otherwise)
 
         # A signed PUT that stops after half its body: closed, nothing of the file kept.
-        from ckptflow.peer.auth import PeerSecret, authorization  # noqa: PLC0415
-
-        body = ckpt.manifest.to_json()
-        with PeerClient(server.url, SECRET) as client:
-            opened = client.request(
-                "POST", f"/v1/replicas/{RUN}/{STEP}/part-1-of-2/open", "open", body=body
-            ).json()
         entry = replica_entries(ckpt.manifest, 1)[0]
-        path = f"/v1/replicas/{RUN}/{STEP}/part-1-of-2/files/{entry.path}"
-        headers = {
-            "host": f"127.0.0.1:{server.port}",
-            "x-ckptflow-size": str(entry.size),
-            "x-ckptflow-crc64nvme": entry.checksum,
-            "x-ckptflow-manifest": opened["manifest_id"],
-        }
-        signature = authorization(PeerSecret(SECRET), "PUT", path, headers)
-        head = f"PUT {path} HTTP/1.1\r\nContent-Length: {entry.size}\r\nAuthorization: {signature}\r\n"
-        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
         with socket.create_connection(address, timeout=10) as stalled:
-            stalled.sendall(head.encode() + ckpt.data[entry.path][: entry.size // 2])
-            answer = b""
-            while chunk := stalled.recv(65536):
-                answer += chunk  # the server closes it (a 10 s socket timeout otherwise)
+            stalled.sendall(stalled_put(server, ckpt))
+            while stalled.recv(65536):
+                pass  # the server closes it (a 10 s socket timeout otherwise)
         assert server.guard_stats.header_timeouts >= 1 and server.guard_stats.body_timeouts >= 1
         deadline = time.monotonic() + 10
         while any(p.is_file() and p.name.endswith(entry.path) for p in hot.rglob("*")):
             assert time.monotonic() < deadline, tree(hot)  # the receiver drops its partial file
             time.sleep(0.05)
+
+
+def test_a_connection_over_the_limit_when_every_slot_is_busy_is_refused_before_any_work(
+    tmp_path: Path, ckpt: Checkpoint
+) -> None:
+    """Slots busy with real requests are not evicted: the newcomer gets a canned 503 (which
+    clients retry) and is closed, before a byte of it is parsed."""
+    hot = tmp_path / "peer-hot"
+    hot.mkdir()
+    with PeerServer(hot, SECRET, limits=ConnectionLimits(max_connections=3)) as server:
+        address = (server.host, server.port)
+        requests = [stalled_put(server, ckpt) for _ in range(3)]  # signed first: no 4th connection after
+        busy: list[socket.socket] = []
+        try:
+            for request in requests:
+                busy.append(socket.create_connection(address, timeout=10))
+                busy[-1].sendall(request)
+            deadline = time.monotonic() + 10
+            while sum(p.name.startswith(RECV_PREFIX) for p in hot.rglob("*")) < 3:
+                assert time.monotonic() < deadline, tree(hot)  # all three are receiving
+                time.sleep(0.02)
+            # It sends nothing: once it has, the kernel answers the server's close with a reset
+            # (unread bytes), which clients retry just the same.
+            with socket.create_connection(address, timeout=10) as newcomer:
+                answer = b""
+                while chunk := newcomer.recv(65536):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 503") and b"too many connections" in answer
+            assert server.guard_stats.refused == 1 and server.guard_stats.evicted == 0
+        finally:
+            for sock in busy:
+                sock.close()
