@@ -8,8 +8,8 @@ One keep-alive connection per :class:`PeerClient`, every request signed and retr
   by a token bucket, then commits. A rerun after any interruption sends only what the peer lacks.
 - :meth:`PeerClient.fetch_part` (:mod:`ckptflow.peer.fetch`) mirrors ``Tier.fetch_files``:
   verified while read, temporary name, fsync, rename, never over an existing file; a mismatch
-  raises :class:`PeerCorrupt` naming the file, and :meth:`quarantine_replica` then moves the
-  peer's copy aside.
+  raises :class:`PeerCorrupt` naming the file, and :meth:`quarantine_replica` then asks the
+  peer to move its copy aside, which it does only if its copy fails when it reads it again.
 
 Module-level functions of the same names take ``(peer_url, secret, ...)`` and use a client each.
 """
@@ -21,11 +21,11 @@ import os
 from typing import Any
 
 from ckptflow.peer.auth import PeerSecret
-from ckptflow.peer.bandwidth import TokenBucket
 from ckptflow.peer.errors import PeerCorrupt
 from ckptflow.peer.fetch import fetch_files, read_range
 from ckptflow.peer.http import PeerConnection
 from ckptflow.peer.identity import PartId
+from ckptflow.peer.node_budget import Pacer
 from ckptflow.peer.push import PushResult, push
 from ckptflow.peer.store import HeldReplica
 from ckptflow.storage import checksums
@@ -62,15 +62,17 @@ class PeerClient(PeerConnection):
         owner_part: int,
         bandwidth_bytes_per_s: float | None = None,
         *,
-        bucket: TokenBucket | None = None,
+        bucket: Pacer | None = None,
         progress: Progress | None = None,
     ) -> PushResult:
         """Replicate node ``owner_part``'s part of ``manifest``'s checkpoint, read from
         ``hot_step_dir`` (which holds that part and the decided manifest), to this peer.
 
-        ``bandwidth_bytes_per_s`` caps the bytes sent (or pass a ``bucket`` shared by several
-        pushes); ``progress(n)`` is called after each chunk sent (an exception from it aborts the
-        push, leaving nothing visible on the peer). Raises LocalFileCorrupt if a local file does
+        ``bandwidth_bytes_per_s`` caps the bytes this push sends; a ``bucket`` shared by several
+        pushes caps them together (the node's budget, shared by every process of the node, is
+        :class:`~ckptflow.peer.node_budget.NodeBandwidth`: what replication uses).
+        ``progress(n)`` is called after each chunk sent (an exception from it aborts the push,
+        leaving nothing visible on the peer). Raises LocalFileCorrupt if a local file does
         not match the manifest (the peer keeps nothing of it), PeerError subclasses otherwise.
         """
         return push(self, hot_step_dir, manifest, owner_part, bandwidth_bytes_per_s, bucket, progress)
@@ -128,9 +130,14 @@ class PeerClient(PeerConnection):
         )
         return bool(response.json()["deleted"])
 
-    def quarantine_replica(self, run: str, step: int, owner_part: PartId, reason: str) -> str:
-        """Have the peer move its copy of ``owner_part`` aside (never deleted); return where to."""
-        body = json.dumps({"reason": reason}).encode()
+    def quarantine_replica(
+        self, run: str, step: int, owner_part: PartId, reason: str, path: str | None = None
+    ) -> str:
+        """Have the peer move its copy of ``owner_part`` aside (never deleted); return where to.
+        ``path``: the file found corrupt (:attr:`PeerCorrupt.file`), else every file is suspect.
+        The peer reads its copy again first: PeerRefused (409) and nothing moved if it verifies
+        (the damage was in transit or on this side)."""
+        body = json.dumps({"reason": reason, "path": path}).encode()
         response = self.request(
             "POST", f"{self.part_path(run, step, owner_part)}/quarantine",
             f"quarantining {owner_part} of step {step}", body=body,
@@ -179,11 +186,17 @@ def fetch_part(
 
 
 def quarantine_replica(
-    peer_url: str, secret: PeerSecret | str, run: str, step: int, owner_part: PartId, reason: str
+    peer_url: str,
+    secret: PeerSecret | str,
+    run: str,
+    step: int,
+    owner_part: PartId,
+    reason: str,
+    path: str | None = None,
 ) -> str:
     """:meth:`PeerClient.quarantine_replica` over a client of its own."""
     with PeerClient(peer_url, secret) as client:
-        return client.quarantine_replica(run, step, owner_part, reason)
+        return client.quarantine_replica(run, step, owner_part, reason, path)
 
 
 def list_replicas(peer_url: str, secret: PeerSecret | str, run: str | None = None) -> list[HeldReplica]:

@@ -38,11 +38,12 @@ class PeerCorrupt(PeerError):
     """A fetched file does not match its manifest entry: the peer's copy is damaged. Nothing of it
     was kept; quarantine the replica on the peer (``quarantine_replica``) and fetch elsewhere."""
 
-    def __init__(self, peer: str, path: str, detail: str) -> None:
+    def __init__(self, peer: str, path: str, detail: str, file: str | None = None) -> None:
         super().__init__(f"peer {peer}: {path} is corrupt: {detail}")
         self.peer = peer
-        self.path = path
+        self.path = path  # <run>/step-<N>/<part>/<file>: where, for a reader
         self.detail = detail
+        self.file = file  # the manifest entry's path: what the peer re-verifies before quarantining
 
 
 class LocalFileCorrupt(PeerError):

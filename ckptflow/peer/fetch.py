@@ -96,10 +96,14 @@ def _fetch_one(
                     ) from None
                 client.backoff(attempt)  # then resume from state.size with a Range request
         if state.size != entry.size:
-            raise PeerCorrupt(client.url, where, f"{state.size} bytes, the manifest says {entry.size}")
+            raise PeerCorrupt(
+                client.url, where, f"{state.size} bytes, the manifest says {entry.size}", entry.path
+            )
         actual = checksums.encode(state.crc)
         if actual != entry.checksum:
-            raise PeerCorrupt(client.url, where, f"crc64nvme {actual}, the manifest says {entry.checksum}")
+            raise PeerCorrupt(
+                client.url, where, f"crc64nvme {actual}, the manifest says {entry.checksum}", entry.path
+            )
         os.fsync(fd)
         os.close(fd)
         fd = -1
@@ -149,7 +153,9 @@ def _download(
             state.size, state.crc = 0, 0
         for chunk in response.iter_raw():
             if state.size + len(chunk) > entry.size:
-                raise PeerCorrupt(client.url, where, f"more than the manifest's {entry.size} bytes")
+                raise PeerCorrupt(
+                    client.url, where, f"more than the manifest's {entry.size} bytes", entry.path
+                )
             view = memoryview(chunk)
             written = 0
             while written < len(view):
@@ -192,6 +198,9 @@ def read_range(
     actual = checksums.checksum_bytes(data)
     if len(data) != length or actual != expected:
         raise PeerCorrupt(
-            client.url, where, f"bytes [{offset}, +{length}): crc64nvme {actual}, manifest {expected}"
+            client.url,
+            where,
+            f"bytes [{offset}, +{length}): crc64nvme {actual}, manifest {expected}",
+            entry.path,
         )
     return data

@@ -15,12 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from urllib.parse import quote
 
 import httpx
 
-from ckptflow.peer.auth import PeerSecret, as_secret, authorization
+from ckptflow.peer.auth import NOT_BEFORE_HEADER, PeerSecret, as_secret, authorization, signed_time
 from ckptflow.peer.errors import PeerAuthError, PeerError, PeerMissing, PeerRefused, PeerUnavailable
 from ckptflow.peer.identity import PartId
 from ckptflow.storage.manifest import safe_relative_path
@@ -30,15 +30,41 @@ RETRY_STATUSES = frozenset({502, 503, 504})
 
 
 class _Signer(httpx.Auth):
-    def __init__(self, secret: PeerSecret) -> None:
-        self._secret = secret
+    """Signs every request; learns the server's not-before time from a 401 that names it.
 
-    def auth_flow(self, request: httpx.Request) -> Iterator[httpx.Request]:
+    A server refuses a request signed before it started (:mod:`.auth`); a client whose clock lags
+    the server's re-signs with the time the server names. A request whose body can be sent again
+    is re-sent here at once; a streamed one is retried by :meth:`PeerConnection.request`."""
+
+    def __init__(self, secret: PeerSecret, clock: Callable[[], float] = time.time) -> None:
+        self._secret = secret
+        self.clock = clock  # this node's clock (a test passes a lagging one)
+        self.not_before = 0  # ms; raised by a server that started later than this clock says
+
+    def _sign(self, request: httpx.Request) -> None:
         target = request.url.raw_path.decode("ascii")
         request.headers["Authorization"] = authorization(
-            self._secret, request.method, target, request.headers
+            self._secret, request.method, target, request.headers, self.clock(), self.not_before
         )
-        yield request
+
+    def signed_too_early(self, response: httpx.Response) -> bool:
+        """Whether ``response`` refused a request only for predating the server's start (and the
+        next signature will not): learn the server's time from it."""
+        floor = response.headers.get(NOT_BEFORE_HEADER, "")
+        if response.status_code != 401 or not floor.isdigit():
+            return False
+        sent = signed_time(response.request.headers.get("authorization", ""))
+        if sent >= int(floor):
+            return False
+        self.not_before = max(self.not_before, int(floor))
+        return True
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        self._sign(request)
+        response = yield request
+        if self.signed_too_early(response) and isinstance(request.stream, httpx.ByteStream):
+            self._sign(request)
+            yield request
 
 
 def _check_url(url: str) -> str:
@@ -75,9 +101,10 @@ class PeerConnection:
         self.url = _check_url(url)
         self.retries = retries
         self.backoff_s = backoff_s
+        self.signer = _Signer(as_secret(secret))
         self.http = httpx.Client(
             base_url=self.url,
-            auth=_Signer(as_secret(secret)),
+            auth=self.signer,
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
             headers={"User-Agent": "ckptflow-peer"},
             trust_env=False,  # node-to-node traffic never goes through a proxy from the environment
@@ -134,7 +161,9 @@ class PeerConnection:
         if body is not None:
             headers["X-Ckptflow-Body-Sha256"] = hashlib.sha256(body).hexdigest()
             headers.setdefault("Content-Type", "application/json")
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        resigned = False
+        while True:
             payload = content() if content is not None else body
             try:
                 request = self.http.build_request(
@@ -144,6 +173,7 @@ class PeerConnection:
             except httpx.TransportError as exc:
                 if attempt < self.retries:
                     self.backoff(attempt)
+                    attempt += 1
                     continue
                 raise PeerUnavailable(
                     f"peer {self.url}: {what} failed after {attempt + 1} attempt(s): "
@@ -151,8 +181,13 @@ class PeerConnection:
                 ) from None
             if response.status_code in RETRY_STATUSES and attempt < self.retries:
                 self.backoff(attempt)
+                attempt += 1
+                continue
+            if not resigned and self.signer.signed_too_early(response):
+                # A streamed body the signer could not re-send: once more, signed afresh (not a
+                # retry: the peer did nothing, and the next signature is one it takes).
+                resigned = True
                 continue
             if response.status_code >= 400:
                 raise self.refusal(response, what)
             return response
-        raise AssertionError("unreachable")

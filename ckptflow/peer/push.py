@@ -14,6 +14,7 @@ from ckptflow.peer.bandwidth import TokenBucket
 from ckptflow.peer.errors import LocalFileCorrupt
 from ckptflow.peer.http import PeerConnection
 from ckptflow.peer.identity import PartId, replica_entries
+from ckptflow.peer.node_budget import Pacer
 from ckptflow.storage import checksums
 from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, parse_manifest
 from ckptflow.storage.tier import Progress
@@ -46,7 +47,7 @@ def push(
     manifest: Manifest,
     owner_part: int,
     bandwidth_bytes_per_s: float | None,
-    bucket: TokenBucket | None,
+    bucket: Pacer | None,
     progress: Progress | None,
 ) -> PushResult:
     """See :meth:`ckptflow.peer.client.PeerClient.push_part`."""
@@ -102,7 +103,7 @@ def push(
 
 
 def _file_chunks(
-    path: Path, entry: FileEntry, bucket: TokenBucket | None, progress: Progress | None, sent: _Sent
+    path: Path, entry: FileEntry, bucket: Pacer | None, progress: Progress | None, sent: _Sent
 ) -> Iterator[bytes]:
     """The bytes of ``path`` in chunks, paced by ``bucket``, checked against ``entry`` as read. On
     a local mismatch the last chunk is withheld (LocalFileCorrupt), so the peer never receives a

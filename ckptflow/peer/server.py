@@ -13,8 +13,8 @@ Endpoints (every one authenticated, see :mod:`ckptflow.peer.auth`; errors are JS
   node's own part), single ``Range`` supported; ``X-Ckptflow-Crc64nvme``/``X-Ckptflow-Size``
   give the manifest's CRC and size of the whole file. ``GET .../manifest``: the manifest bytes.
 - ``GET /v1/replicas[?run=]``: what this node can serve. ``DELETE /v1/replicas/{run}/{step}/{part}``:
-  remove a peer replica (retention). ``POST .../quarantine`` (``{"reason"}``): move a copy that
-  failed verification aside. ``GET /v1/health``.
+  remove a peer replica (retention). ``POST .../quarantine`` (``{"reason", "path"}``): move a copy
+  aside, only if it fails verification when this node reads it again (409 if it verifies). ``GET /v1/health``.
 
 Bound to one configured address (127.0.0.1 unless configured otherwise); binding every interface
 happens only when asked for by name (``0.0.0.0``/``::``), and is logged.
@@ -40,8 +40,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from ckptflow.peer.auth import MAX_SKEW_S, SCHEME, PeerSecret, Verifier, as_secret
+from ckptflow.peer.auth import (
+    MAX_SKEW_S,
+    NOT_BEFORE_HEADER,
+    SCHEME,
+    PeerSecret,
+    Verifier,
+    as_secret,
+    authority,
+    printable,
+)
 from ckptflow.peer.errors import Refused
+from ckptflow.peer.guard import ConnectionLimits, GuardStats, guarded
+from ckptflow.peer.log_limit import RateLimited, install, uninstall
 from ckptflow.peer.store import HeldReplica, ReplicaStore
 from ckptflow.storage import checksums
 
@@ -73,16 +84,23 @@ class _Authenticate:
         target = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode("latin-1")
-        reason = self.verifier.check(headers.get("authorization"), scope["method"], target, headers)
+        server = scope.get("server")
+        local = authority(server[0], server[1]) if server and server[1] is not None else None
+        reason = self.verifier.check(headers.get("authorization"), scope["method"], target, headers, local)
         if reason is None:
             await self.app(scope, receive, send)
             return
         client = scope.get("client") or ("?", 0)
+        # Rate-limited (a flood of unsigned requests must not flood the log) and escaped (a path
+        # with %0A must not forge a line).
         log.warning(
-            "peer server: refused %s %s from %s: %s", scope["method"], scope["path"], client[0], reason
-        )
+            "peer server: refused %s %s from %s: %s",
+            printable(scope["method"]), printable(target), printable(str(client[0])), reason,
+        )  # fmt: skip
         response = _json(
-            401, {"error": f"peer authentication failed: {reason}"}, {"WWW-Authenticate": SCHEME}
+            401,
+            {"error": f"peer authentication failed: {reason}"},
+            {"WWW-Authenticate": SCHEME, NOT_BEFORE_HEADER: str(self.verifier.not_before)},
         )
         await response(scope, receive, send)
 
@@ -94,11 +112,14 @@ async def _body(request: Request) -> bytes:
         raise Refused(400, "a request with a body must carry X-Ckptflow-Body-Sha256 (signed)")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_MANIFEST_BYTES:
-            raise Refused(413, f"the body exceeds {MAX_MANIFEST_BYTES} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_MANIFEST_BYTES:
+                raise Refused(413, f"the body exceeds {MAX_MANIFEST_BYTES} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone, or closed for sending too slowly (guard.py): no traceback
+        raise Refused(400, "the sender disconnected before the body was whole") from None
     body = b"".join(chunks)
     if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), declared):
         raise Refused(400, "the body does not match its signed X-Ckptflow-Body-Sha256")
@@ -149,11 +170,18 @@ class _Routes:
     Blocking store calls run in worker threads, so one slow disk never stalls the event loop that
     every other transfer shares."""
 
-    def __init__(self, store: ReplicaStore) -> None:
+    def __init__(self, store: ReplicaStore, stats: GuardStats, log_limit: RateLimited) -> None:
         self.store = store
+        self.stats = stats
+        self.log_limit = log_limit
 
     def health(self) -> dict[str, Any]:
-        return {"ok": True, "hot_root": str(self.store.hot_root)}
+        return {
+            "ok": True,
+            "hot_root": str(self.store.hot_root),
+            "refused": self.stats.as_dict(),
+            "log_records_dropped": self.log_limit.dropped,
+        }
 
     async def open_replica(self, run: str, step: int, part: str, request: Request) -> Any:
         body = await _body(request)
@@ -241,21 +269,32 @@ class _Routes:
     async def quarantine_replica(self, run: str, step: int, part: str, request: Request) -> Any:
         body = await _body(request)
         try:
-            reason = str(json.loads(body).get("reason", ""))
+            claim = json.loads(body)
+            reason = str(claim.get("reason", ""))
+            path = claim.get("path")
         except (ValueError, AttributeError):
-            raise Refused(400, 'the body must be JSON {"reason": "..."}') from None
-        return {"quarantined": await run_in_threadpool(self.store.quarantine, run, step, part, reason)}
+            raise Refused(400, 'the body must be JSON {"reason": "...", "path": "..."}') from None
+        if path is not None and not isinstance(path, str):
+            raise Refused(400, f'"path" must be a file path of the part, got {type(path).__name__}')
+        moved = await run_in_threadpool(self.store.quarantine, run, step, part, reason, path)
+        return {"quarantined": moved}
 
 
 async def _refused(_request: Request, exc: Refused) -> Any:
     return _json(exc.status, {"error": exc.message})
 
 
-def create_app(store: ReplicaStore, verifier: Verifier) -> Any:
-    """The ASGI application: the routes, behind the authentication middleware."""
+def create_app(
+    store: ReplicaStore,
+    verifier: Verifier,
+    stats: GuardStats | None = None,
+    log_limit: RateLimited | None = None,
+) -> Any:
+    """The ASGI application: the routes, behind the authentication middleware; ``stats`` and
+    ``log_limit`` are what ``GET /v1/health`` reports."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, title="ckptflow peer")
     app.add_exception_handler(Refused, _refused)
-    routes = _Routes(store)
+    routes = _Routes(store, stats or GuardStats(), log_limit or RateLimited())
     base = "/v1/replicas/{run}/{step}/{part}"
     # Registered in this order (a route matches in order; each path and method is unique).
     for method, path, endpoint in (
@@ -285,7 +324,7 @@ def _held_json(held: HeldReplica) -> dict[str, Any]:
     }
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, backlog: int) -> socket.socket:
     if not host:
         raise ValueError(
             "peer server: bind host is empty, which would listen on every interface; name the interface's "
@@ -304,7 +343,7 @@ def _bind(host: str, port: int) -> socket.socket:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
     try:
         sock.bind(address)
-        sock.listen(1024)  # connections queue in the kernel until uvicorn accepts: none refused early
+        sock.listen(backlog)  # small: asyncio accepts a whole backlog at once (guard.py)
     except OSError as exc:
         sock.close()
         raise OSError(exc.errno, f"peer server: cannot listen on {host}:{port}: {exc.strerror}") from None
@@ -316,7 +355,9 @@ class PeerServer:
     this process (:meth:`start`/:meth:`stop`, or a ``with`` block), or blocking (:meth:`serve`).
 
     ``http`` picks uvicorn's HTTP parser: ``auto`` (httptools when installed, else h11), ``h11``
-    or ``httptools``."""
+    or ``httptools``. ``limits`` bound its connections and how long a request may take to arrive
+    (:mod:`.guard`; default: from the process's descriptor limit); ``guard_stats`` counts what
+    they refused."""
 
     def __init__(
         self,
@@ -328,16 +369,27 @@ class PeerServer:
         max_skew_s: float = MAX_SKEW_S,
         log_level: str = "warning",
         http: str = "auto",
+        limits: ConnectionLimits | None = None,
     ) -> None:
+        self.limits = limits if limits is not None else ConnectionLimits.default()
+        self.guard_stats = GuardStats()
+        self._log_limit = RateLimited()
         self.store = ReplicaStore(Path(hot_root))
-        self._verifier = Verifier(as_secret(secret), max_skew_s)
-        self._socket = _bind(host, port)
+        self._socket = _bind(host, port, self.limits.backlog)
         self.host = host
         self.port = self._socket.getsockname()[1]
+        # Requests must be signed for this server: its bind address, and (in the middleware) the
+        # local address a connection arrived at, which covers a wildcard bind.
+        self._verifier = Verifier(as_secret(secret), [authority(host, self.port)], max_skew_s)
         self._log_level = log_level
         self._http = http  # uvicorn's parser: "auto" = httptools if installed, else h11
         self._server: Any = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def not_before_ms(self) -> int:
+        """Requests signed before this time (unix ms; the server's start) are refused."""
+        return self._verifier.not_before
 
     @property
     def url(self) -> str:
@@ -346,17 +398,24 @@ class PeerServer:
 
     def _uvicorn(self) -> Any:
         import uvicorn
+        from uvicorn.config import HTTP_PROTOCOLS
+        from uvicorn.importer import import_from_string
 
+        protocol = import_from_string(HTTP_PROTOCOLS[self._http])
         config = uvicorn.Config(
-            create_app(self.store, self._verifier),
+            create_app(self.store, self._verifier, self.guard_stats, self._log_limit),
             log_level=self._log_level,
-            http=self._http,
+            http=guarded(protocol, self.limits, self.guard_stats),
             access_log=False,
             lifespan="off",
             ws="none",
             server_header=False,
-            timeout_keep_alive=30,
+            backlog=self.limits.backlog,  # also the accept loop's burst: guard.descriptor_budget
+            # An idle connection is closed by the header timeout (guard.py) if not before.
+            timeout_keep_alive=int(min(30, self.limits.header_timeout_s)),
         )
+        # Once uvicorn has configured its loggers, and before a flood can reach them.
+        install(self._log_limit)
         return uvicorn.Server(config)
 
     def serve(self) -> None:
@@ -366,6 +425,7 @@ class PeerServer:
         try:
             self._server.run(sockets=[self._socket])
         finally:
+            self._end_log_limit()
             self.store.close()
 
     def start(self, timeout_s: float = 30.0) -> PeerServer:
@@ -393,7 +453,17 @@ class PeerServer:
             self._thread.join(timeout_s)
             self._thread = None
         self._socket.close()
+        self._end_log_limit()
         self.store.close()
+
+    def _end_log_limit(self) -> None:
+        uninstall(self._log_limit)
+        if self._log_limit.dropped:
+            log.warning(
+                "peer server on %s: %d log records were dropped by the rate limit while it ran",
+                self.url, self._log_limit.dropped,
+            )  # fmt: skip
+            self._log_limit.dropped = 0
 
     def __enter__(self) -> PeerServer:
         return self.start()

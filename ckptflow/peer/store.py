@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ckptflow.peer.auth import printable
 from ckptflow.peer.errors import Refused
 from ckptflow.peer.identity import (
     PEERS_DIR,
@@ -40,6 +41,7 @@ from ckptflow.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, Manife
 from ckptflow.storage.manifest import safe_relative_path as _safe_path
 from ckptflow.storage.publish import publish, retire
 from ckptflow.storage.run_names import check_run_name
+from ckptflow.storage.verify import verify_files
 
 log = logging.getLogger("ckptflow.peer")
 
@@ -385,21 +387,46 @@ class ReplicaStore:
         log.info("peer replica deleted: %s", directory)
         return True
 
-    def quarantine(self, run: str, step: int, part_name: str, reason: str) -> str:
-        """Move a held copy of ``part`` that failed verification aside (never deleted): the peer
-        replica if there is one, else this node's own part (the same bytes served as that part)."""
+    def quarantine(self, run: str, step: int, part_name: str, reason: str, path: str | None = None) -> str:
+        """Move a held copy of ``part`` that fails verification aside (never deleted): the peer
+        replica if there is one, else this node's own part (the same bytes served as that part).
+
+        Only on this node's own evidence: the fetcher's report (``reason``, naming ``path``, or
+        every file when None) is a claim, and a bit flipped in transit or in the fetcher's memory
+        must not cost a good copy, least of all a node's own part. So the copy is read again here
+        and checked against its manifest; if it verifies, Refused(409) and nothing moves."""
         part = self._names(run, step, part_name)
         reason = "".join(c if c.isprintable() else " " for c in str(reason))[:MAX_REASON_CHARS]
         with self._lock(run, step, part):
             held = self._held(run, step, part)
             if held is None:
                 raise Refused(404, f"this node holds no copy of {part} of run {run!r} step {step}")
-            directory, _, _, source = held
+            directory, _, entries, source = held
             self._inside(directory)
+            suspects = entries if path is None else [e for e in entries if e.path == path]
+            if not suspects:
+                raise Refused(404, f"{path!r} is not a file of {part} of run {run!r} step {step}")
+            problems = verify_files(directory, suspects)
+            if not problems:
+                log.warning(
+                    "peer server: a fetcher reported %s of step %d corrupt (%s), but this node's %s copy "
+                    "verifies against its manifest; not quarantined",
+                    part, step, printable(reason), source,
+                )  # fmt: skip
+                what = path if path is not None else f"every file of {part}"
+                raise Refused(
+                    409,
+                    f"this node's copy of {what} (run {run!r} step {step}) was read again and verifies "
+                    "against its manifest: the damage was in transit or in the fetcher; not quarantined, "
+                    "fetch it again",
+                )
+            found = "; ".join(str(p) for p in problems)
             root = directory.parent
-            moved = layout.quarantine(root, directory, f"fetched as {part} by a peer: {reason}")
+            moved = layout.quarantine(
+                root, directory, f"fetched as {part} by a peer: {reason}; verified here: {found}"
+            )
         log.error(
-            "peer replica quarantined (%s copy of %s, step %d): %s: %s", source, part, step, moved, reason
+            "peer replica quarantined (%s copy of %s, step %d): %s: %s", source, part, step, moved, found
         )
         return str(moved)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from ckptflow.catalog import Catalog, ReplicaState
 from ckptflow.peer import PartId, PeerError, PeerSecret, peers_for, replica_dir
-from ckptflow.peer.bandwidth import TokenBucket
 from ckptflow.peer.client import PeerClient
+from ckptflow.peer.node_budget import Pacer, node_budget
 from ckptflow.pipeline.part import NodeHolding
 from ckptflow.policy.config import CkptflowConfig
 from ckptflow.storage.manifest import Manifest
@@ -79,7 +79,8 @@ def replicate(
     if factor <= 1:
         return []
     endpoints = catalog.peer_endpoints()
-    bucket = TokenBucket(repl.bandwidth_bytes_per_s) if repl.bandwidth_bytes_per_s else None
+    # The node's budget: shared with its other pushes and its promote copies, in any process.
+    bucket = node_budget(config)
     copies: list[PeerCopy] = []
     for part in own_parts(holding):
         for peer in peer_hosts(manifest, part, factor, repl.jump):
@@ -131,7 +132,7 @@ def _push(
     secret: PeerSecret,
     timeout_s: float,
     retries: int,
-    bucket: TokenBucket | None,
+    bucket: Pacer | None,
 ) -> None:
     """Push the part to the peer, unless the peer already holds ``KEEP_STEPS`` newer steps of it (a
     late run: the copy would be pruned the moment it arrived); then prune the peer's older ones."""

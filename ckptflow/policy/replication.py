@@ -7,8 +7,11 @@ replication:
   bind_host: 10.1.0.7       # the interface the peer server listens on (default 127.0.0.1)
   port: 8470                # 0: any free port (the agent registers the address it got in the catalog)
   secret_file: /etc/ckptflow/secrets/replication   # shared by every node, mode 0600; or secret_env
-  bandwidth_mib_s: 800      # cap on replication traffic sent by one node (default: no cap)
+  bandwidth_mib_s: 800      # cap on what one node sends, pushes and promote copies together (no cap)
 ```
+
+``bandwidth_mib_s`` is one budget per node: every push to a peer and every promote-part copy from
+the node's hot tier, in any process of the node, draws on it (``ckptflow.peer.node_budget``).
 
 The secret itself never lives in this file: it comes from a file only its owner can read, or from
 an environment variable, and every node of a job must hold the same one. It authenticates the

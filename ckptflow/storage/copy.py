@@ -42,24 +42,31 @@ class ChecksumMismatch(ValueError):
 
 
 def copy_verified(
-    src: Path, dst: Path, entry: FileEntry, progress: Progress | None = None, fsync: bool = True
+    src: Path,
+    dst: Path,
+    entry: FileEntry,
+    progress: Progress | None = None,
+    fsync: bool = True,
+    pace: Progress | None = None,
 ) -> int:
     """Copy ``src`` to ``dst``, verifying the copy's size and CRC against ``entry``.
 
     ``fsync=False`` leaves durability to the caller (one ``atomic.syncfs`` after a batch of files);
     the copy's writeback is started here, so that ``syncfs`` finds little left to write.
+    ``pace(n)`` is called before each chunk of ``n`` bytes is written and may block (a node's
+    bandwidth budget); the copy then goes through a buffer, not one ``sendfile`` of the whole file.
     Raises ChecksumMismatch (and removes ``dst``) if the bytes are not the manifest's.
     """
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(src, "rb", buffering=0) as fin, open(dst, "wb+", buffering=0) as fout:
-            size = _kernel_copy(fin, fout)
+            size = _kernel_copy(fin, fout) if pace is None else None
             crc = None if size is None else _crc_of_copy(fout, size, progress)
-            if crc is None:  # the kernel could not copy or map these: through a buffer
+            if crc is None:  # paced, or the kernel could not copy or map these: through a buffer
                 fin.seek(0)
                 fout.seek(0)
                 fout.truncate()
-                size, crc = _buffered_copy(fin, fout, progress)
+                size, crc = _buffered_copy(fin, fout, progress, pace)
             if fsync:
                 os.fsync(fout.fileno())
             else:
@@ -114,8 +121,11 @@ def _crc_of_copy(fout: BinaryIO, size: int, progress: Progress | None) -> int | 
     return crc
 
 
-def _buffered_copy(fin: BinaryIO, fout: BinaryIO, progress: Progress | None) -> tuple[int, int]:
-    """Read into a reused buffer, checksum that buffer, write it; (bytes, CRC64NVME)."""
+def _buffered_copy(
+    fin: BinaryIO, fout: BinaryIO, progress: Progress | None, pace: Progress | None = None
+) -> tuple[int, int]:
+    """Read into a reused buffer, checksum that buffer, write it (once ``pace`` lets it); (bytes,
+    CRC64NVME)."""
     crc = 0
     size = 0
     view = checksums.thread_buffer()  # per thread, reused: no allocation per file
@@ -125,6 +135,8 @@ def _buffered_copy(fin: BinaryIO, fout: BinaryIO, progress: Progress | None) -> 
             break
         chunk = view[:n]
         crc = checksums.crc64nvme(chunk, crc)
+        if pace is not None:
+            pace(n)
         written = 0
         while written < n:
             written += fout.write(chunk[written:])

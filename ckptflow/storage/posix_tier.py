@@ -43,12 +43,20 @@ def trash_stamp() -> str:
 
 
 class PosixTier:
-    """Checkpoints under ``<root>/<run>/step-<N>/`` on a local or mounted filesystem."""
+    """Checkpoints under ``<root>/<run>/step-<N>/`` on a local or mounted filesystem.
 
-    def __init__(self, name: str, root: str | Path, workers: int = 8) -> None:
+    ``pace(n)``, when given, is called before each chunk of ``n`` bytes copied in and may block: a
+    node's bandwidth budget (:meth:`paced`), shared with its pushes to peers."""
+
+    def __init__(self, name: str, root: str | Path, workers: int = 8, pace: Progress | None = None) -> None:
         self.name = name
         self.root = Path(root)
         self.workers = workers
+        self.pace = pace
+
+    def paced(self, pace: Progress) -> PosixTier:
+        """This tier, its copies in paced by ``pace`` (see the class docstring)."""
+        return PosixTier(self.name, self.root, self.workers, pace)
 
     def __repr__(self) -> str:
         return f"PosixTier({self.name!r}, {str(self.root)!r})"
@@ -100,7 +108,7 @@ class PosixTier:
             # Under a temporary name, renamed when whole: the nodes of a job copy their parts into
             # the same incoming directory at once, and may both hold a file (.metadata).
             tmp = dst.with_name(f"{INCOMING_TMP}{dst.name}.{secrets.token_hex(4)}")
-            copied = copy_verified(source / entry.path, tmp, entry, progress, fsync=False)
+            copied = copy_verified(source / entry.path, tmp, entry, progress, fsync=False, pace=self.pace)
             os.replace(tmp, dst)
             return copied
 

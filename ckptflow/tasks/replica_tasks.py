@@ -10,6 +10,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from ckptflow.catalog import Catalog
+from ckptflow.peer.node_budget import node_budget, paced_progress
 from ckptflow.pipeline import progress
 from ckptflow.pipeline.lease_cleanup import clean_remote_tier
 from ckptflow.pipeline.tiers import load
@@ -39,9 +40,17 @@ def copy_batch(
 ) -> dict[str, Any]:
     """Copy a batch of files from the ``source`` tier's copy to ``tier`` (checksummed in the same pass)."""
     directory, manifest = source_copy(config_path, run, step, source)
-    _, tiers = load(config_path)
-    result = tiers[tier].put_files(  # type: ignore[attr-defined]
-        directory, manifest, paths, progress=progress.sink(), batch=batch
+    config, tiers = load(config_path)
+    target, sink = tiers[tier], progress.sink()
+    # Bytes leaving a node's hot tier draw on the node's bandwidth budget, with its peer pushes.
+    budget = node_budget(config) if source == "hot" else None
+    if budget is not None:
+        if isinstance(target, PosixTier):
+            target = target.paced(budget.take)  # paced chunk by chunk
+        else:
+            sink = paced_progress(budget, sink)  # S3: paced as each part's bytes are reported
+    result = target.put_files(  # type: ignore[attr-defined]
+        directory, manifest, paths, progress=sink, batch=batch
     )
     return {
         "files": result.files,

@@ -53,8 +53,9 @@ class PeerPartSource:
         self.name = f"peer {host}"
 
     def fetch_files(self, run: str, step: int, entries: list[FileEntry], directory: Path) -> TransferResult:
-        """Download ``entries`` into ``directory``, verified; on a corrupt file the peer's replica is
-        quarantined (its agent moves it aside) and PeerCorrupt raised, naming the file."""
+        """Download ``entries`` into ``directory``, verified; on a corrupt file the peer is asked to
+        quarantine its copy (its agent moves it aside only if its own copy fails when read again)
+        and PeerCorrupt raised, naming the file."""
         from ckptflow.peer.client import PeerClient  # noqa: PLC0415 - httpx only when a peer is used
 
         t0 = time.perf_counter()
@@ -65,7 +66,7 @@ class PeerPartSource:
                 moved = c.fetch_part(run, step, self.part, entries, directory)
             except PeerCorrupt as exc:
                 try:
-                    where = c.quarantine_replica(run, step, self.part, f"restore: {exc}")
+                    where = c.quarantine_replica(run, step, self.part, f"restore: {exc}", exc.file)
                     log.error(
                         "peer %s: its copy of %s of step %d is corrupt (%s); quarantined as %s",
                         self.host,

@@ -7,13 +7,19 @@ import pickle
 
 import pytest
 
-from ckptflow.peer.auth import PeerSecret, Verifier, authorization
+from ckptflow.peer.auth import PeerSecret, Verifier, authorization, printable
 from ckptflow.peer.bandwidth import TokenBucket
 from ckptflow.policy.replication import ReplicationSecretError
 
 SECRET = "peer-secret-Never-Printed-0123456789"
 TARGET = "/v1/replicas/run-1/5/part-1-of-2/files/__2_0.distcp"
-HEADERS = {"x-ckptflow-size": "10", "x-ckptflow-crc64nvme": "AAAAAAAAAAA=", "x-ckptflow-manifest": "00ff"}
+HOST = "node-a:8470"
+HEADERS = {
+    "host": HOST,
+    "x-ckptflow-size": "10",
+    "x-ckptflow-crc64nvme": "AAAAAAAAAAA=",
+    "x-ckptflow-manifest": "00ff",
+}
 
 
 class Clock:
@@ -27,7 +33,7 @@ class Clock:
 def test_a_signed_request_verifies_once_and_carries_no_secret() -> None:
     secret = PeerSecret(SECRET)
     clock = Clock()
-    verifier = Verifier(PeerSecret(SECRET), clock=clock)
+    verifier = Verifier(PeerSecret(SECRET), [HOST], clock=clock, not_before=0)
     header = authorization(secret, "PUT", TARGET, HEADERS, now=clock.now)
     assert SECRET not in header
     assert verifier.check(header, "PUT", TARGET, HEADERS) is None
@@ -42,6 +48,7 @@ def test_a_signed_request_verifies_once_and_carries_no_secret() -> None:
         ("PUT", TARGET, {**HEADERS, "x-ckptflow-crc64nvme": "AAAAAAAAAAE="}),
         ("PUT", TARGET, {**HEADERS, "x-ckptflow-size": "11"}),
         ("PUT", TARGET + "?run=x", HEADERS),
+        ("PUT", TARGET, {**HEADERS, "host": "node-b:8470"}),
     ],
 )
 def test_a_signature_covers_method_path_query_and_transport_headers(
@@ -49,13 +56,15 @@ def test_a_signature_covers_method_path_query_and_transport_headers(
 ) -> None:
     clock = Clock()
     header = authorization(PeerSecret(SECRET), "PUT", TARGET, HEADERS, now=clock.now)
-    reason = Verifier(PeerSecret(SECRET), clock=clock).check(header, method, target, headers)
+    reason = Verifier(PeerSecret(SECRET), [HOST], clock=clock, not_before=0).check(
+        header, method, target, headers
+    )
     assert reason is not None and "does not match this server's replication secret" in reason
 
 
 def test_wrong_missing_or_malformed_credentials_are_refused_without_echoing_anything() -> None:
     clock = Clock()
-    verifier = Verifier(PeerSecret(SECRET), clock=clock)
+    verifier = Verifier(PeerSecret(SECRET), [HOST], clock=clock, not_before=0)
     wrong = authorization(
         PeerSecret("another-secret-of-the-right-len"), "PUT", TARGET, HEADERS, now=clock.now
     )
@@ -73,9 +82,63 @@ def test_wrong_missing_or_malformed_credentials_are_refused_without_echoing_anyt
 
 def test_a_request_signed_too_far_from_the_servers_clock_is_refused() -> None:
     clock = Clock()
-    header = authorization(PeerSecret(SECRET), "GET", TARGET, {}, now=clock.now - 301)
-    reason = Verifier(PeerSecret(SECRET), clock=clock).check(header, "GET", TARGET, {})
+    header = authorization(PeerSecret(SECRET), "GET", TARGET, {"host": HOST}, now=clock.now - 301)
+    reason = Verifier(PeerSecret(SECRET), [HOST], clock=clock, not_before=0).check(
+        header, "GET", TARGET, {"host": HOST}
+    )
     assert reason is not None and "301 s away" in reason and "NTP" in reason
+
+
+def test_a_request_signed_for_another_peer_is_refused_even_with_a_fresh_nonce() -> None:
+    """A request captured on its way to node A and replayed to node B: B has never seen its nonce,
+    but the signed Host names A."""
+    clock = Clock()
+    header = authorization(PeerSecret(SECRET), "DELETE", TARGET, HEADERS, now=clock.now)
+    peer_b = Verifier(PeerSecret(SECRET), ["node-b:8470"], clock=clock, not_before=0)
+    reason = peer_b.check(header, "DELETE", TARGET, HEADERS)
+    assert reason is not None and "signed for node-a:8470, which is not this server" in reason
+    # Node A accepts it, under its name or the local address its connection arrived at.
+    assert (
+        Verifier(PeerSecret(SECRET), ["NODE-A:8470"], clock=clock, not_before=0).check(
+            header, "DELETE", TARGET, HEADERS
+        )
+        is None
+    )
+    on_ip = {**HEADERS, "host": "10.1.0.7:8470"}
+    header = authorization(PeerSecret(SECRET), "DELETE", TARGET, on_ip, now=clock.now)
+    assert peer_b.check(header, "DELETE", TARGET, on_ip, local="10.1.0.7:8470") is None
+
+
+def test_a_request_signed_before_the_server_started_is_refused_after_a_restart() -> None:
+    """Nonces live in memory: a server restarted within the skew window would take a request
+    captured before the restart again, but for the window that starts at its start."""
+    clock = Clock()
+    first = Verifier(PeerSecret(SECRET), [HOST], clock=clock)
+    clock.now += 5
+    captured = authorization(PeerSecret(SECRET), "DELETE", TARGET, HEADERS, now=clock.now)
+    assert first.check(captured, "DELETE", TARGET, HEADERS) is None
+    clock.now += 0.01
+    restarted = Verifier(PeerSecret(SECRET), [HOST], clock=clock)  # the agent came back
+    reason = restarted.check(captured, "DELETE", TARGET, HEADERS)
+    assert reason is not None and "before this server started" in reason
+    # A client re-signs with the time the server names (it holds the secret): accepted.
+    fresh = authorization(
+        PeerSecret(SECRET), "DELETE", TARGET, HEADERS, now=clock.now, not_before=restarted.not_before
+    )
+    assert restarted.check(fresh, "DELETE", TARGET, HEADERS) is None
+
+
+def test_a_request_of_the_previous_scheme_is_named_as_such() -> None:
+    verifier = Verifier(PeerSecret(SECRET), [HOST], clock=Clock(), not_before=0)
+    reason = verifier.check("Ckptflow-HMAC-SHA256 1:2:3", "GET", TARGET, HEADERS)
+    assert reason is not None and "older ckptflow version" in reason
+
+
+def test_log_text_from_the_network_cannot_forge_a_line() -> None:
+    forged = "/v1/health\n2026-12-03 ckptflow.peer INFO peer replica deleted: everything"
+    shown = printable(forged)
+    assert "\n" not in shown and "\\n2026" in shown  # one line, the newline visible as \n
+    assert printable("x" * 1000).endswith("...") and len(printable("x" * 1000)) == 203
 
 
 def test_the_secret_hides_itself() -> None:

@@ -119,3 +119,21 @@ def test_a_batch_copy_starts_its_writeback_and_a_refusal_is_no_error(
     finally:
         os.close(read_fd)
         os.close(write_fd)
+
+
+def test_a_paced_copy_asks_before_every_chunk_it_writes(tmp_path: Path) -> None:
+    """A node's bandwidth budget paces its copies to warm: chunk by chunk through a buffer, never
+    one sendfile of the whole file ahead of the budget."""
+    src, entry = _source(tmp_path, 3 * CRC_STEP + 17)
+    asked: list[int] = []
+    written_before: list[int] = []
+    dst = tmp_path / "dst.distcp"
+
+    def pace(n: int) -> None:
+        written_before.append(dst.stat().st_size)
+        asked.append(n)
+
+    assert copy_verified(src, dst, entry, pace=pace) == entry.size
+    assert sum(asked) == entry.size and len(asked) > 1
+    assert written_before == [sum(asked[:i]) for i in range(len(asked))]  # asked first, then written
+    assert dst.read_bytes() == src.read_bytes()
