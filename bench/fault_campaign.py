@@ -41,11 +41,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import shutil
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,6 +141,9 @@ class Trial:
         t0 = time.monotonic()
         try:
             self._run()
+        except Exception as exc:  # noqa: BLE001 - the campaign's own failure, kept with the trial's logs
+            self.violation(f"(harness) the trial could not be carried out: {type(exc).__name__}: {exc}")
+            self.result.notes.append(traceback.format_exc())
         finally:
             self.result.seconds = time.monotonic() - t0
         return self.result
@@ -247,11 +252,11 @@ class Trial:
             steps = steps[:-1]  # the pipeline had not got to the newest yet
         for step in steps:
             if self.warm is not None:
-                outcomes = promote_to_warm(self.machines, self.warm, step, self.catalog)
+                outcomes = promote_to_warm(self.machines, self.warm, self.hot, step, self.catalog)
                 self.result.notes.append(f"warm step {step}: {'; '.join(outcomes)}")
             if plan.replicas:
-                replicate_parts(self.machines, step)
-                self.result.notes.append(f"replicas of step {step}")
+                copied = replicate_parts(self.machines, self.hot, step, self.catalog)
+                self.result.notes.append(f"replicas of step {step}: {'; '.join(copied)}")
 
     def _survey(self, order: list[Machine], arm_eio: bool) -> Survey:
         before = survey(self.disks, self.warm)
@@ -475,6 +480,8 @@ def main() -> int:
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="fault-campaign-"))
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(args.cache) if args.cache else out / "references"
+    # What ckptflow logs in this process (the pipeline's steps between launches) goes to a file.
+    logging.basicConfig(level=logging.INFO, filename=out / "campaign.log", force=True)
     count = 4 if args.quick else args.trials
     indices = [args.only_trial] if args.only_trial is not None else list(range(count))
     print(f"fault campaign: seed {args.seed}, {len(indices)} trial(s), out {out}", flush=True)

@@ -225,11 +225,16 @@ def _strike(job: Cluster, strike: Strike, go: Path, deadline: float) -> None:
 # --- what the pipeline would have done between launches -------------------------------------------
 
 
-def promote_to_warm(machines: list[Machine], warm: Path, step: int, catalog_url: str) -> list[str]:
+def promote_to_warm(machines: list[Machine], warm: Path, hot: Path, step: int, catalog_url: str) -> list[str]:
     """Each node's agent promotes its part of ``step`` to warm (the last one publishes), through the
-    product's ``promote_node_part`` with the copy and publish steps done in place (no Prefect); run by
-    the campaign on each disk in turn. Returns each node's outcome."""
+    product's ``promote_node_part`` with the copy and publish steps done in place (no Prefect), then the
+    central ``promote`` finds the published copy and records it READY once it verifies
+    (``promote_to_tier``); run by the campaign on each disk in turn (``hot``: the path the job sees).
+    Returns each step's outcome."""
+    from ckptflow.catalog import Catalog  # noqa: PLC0415
     from ckptflow.pipeline.part_job import CopiedBatches, PartJob, PartSteps, promote_node_part  # noqa: PLC0415
+    from ckptflow.pipeline.promote import TierSteps, promote_to_tier  # noqa: PLC0415
+    from ckptflow.pipeline.replicas import checkpoint_id_of, move_replica  # noqa: PLC0415
     from ckptflow.storage.manifest import Manifest, read_manifest  # noqa: PLC0415
     from ckptflow.storage.posix_tier import PosixTier  # noqa: PLC0415
     from ckptflow.storage.tier import TierError  # noqa: PLC0415
@@ -237,8 +242,8 @@ def promote_to_warm(machines: list[Machine], warm: Path, step: int, catalog_url:
     tier = PosixTier("warm", warm)
     outcomes = []
     for machine in machines:
-        hot = PosixTier("hot", machine.disk)
-        source = hot.path(RUN, step)
+        disk = PosixTier("hot", machine.disk)
+        source = disk.path(RUN, step)
 
         @contextmanager
         def copy(
@@ -260,32 +265,85 @@ def promote_to_warm(machines: list[Machine], warm: Path, step: int, catalog_url:
 
         steps = PartSteps(copy=copy, commit=commit, announce=lambda *a: None, ask_for_catch_up=no_catch_up)
         try:
-            row = promote_node_part(PartJob(RUN, step, machine.host, tier, hot, catalog_url), steps)
+            row = promote_node_part(PartJob(RUN, step, machine.host, tier, disk, catalog_url), steps)
             outcomes.append(f"{machine.host}: {row['action']}")
         except Exception as exc:  # noqa: BLE001 - reported with the trial
             outcomes.append(f"{machine.host}: failed ({type(exc).__name__}: {exc})")
+    if tier.read_manifest(RUN, step) is None:
+        return outcomes
+    catalog = Catalog.open(catalog_url)
+    try:
+
+        def verify(_config: str, run: str, step: int, _tier: str) -> dict[str, Any]:
+            report = tier.verify(run, step)
+            total = report.manifest.total_bytes if report.manifest else 0
+            return {
+                "ok": report.ok,
+                "uri": report.uri,
+                "bytes": total,
+                "problems": [str(p) for p in report.problems],
+            }
+
+        def record(_config: str, checkpoint_id: int, name: str, state: str, **kw: Any) -> str:
+            return move_replica(catalog, checkpoint_id, name, state, **kw)
+
+        def never(*_args: Any) -> Any:
+            raise AssertionError("the published copy is only verified and recorded")
+
+        central = TierSteps(
+            present=lambda *_a: True,
+            verify=verify,
+            record=record,
+            copy_batches=never,
+            commit=never,
+            uri=never,
+        )
+        checkpoint_id = checkpoint_id_of(catalog, hot / RUN, RUN, step)
+        row = promote_to_tier(
+            "", RUN, step, "warm", str(hot / RUN / f"step-{step}"), [], checkpoint_id, central
+        )
+        outcomes.append(f"promote: {row['action']}")
+    except Exception as exc:  # noqa: BLE001 - reported with the trial
+        outcomes.append(f"promote failed ({type(exc).__name__}: {exc})")
+    finally:
+        catalog.dispose()
     return outcomes
 
 
-def replicate_parts(machines: list[Machine], step: int) -> list[str]:
+def replicate_parts(machines: list[Machine], hot: Path, step: int, catalog_url: str) -> list[str]:
     """Each node's part of ``step`` copied to the next node's ``peers/part-<k>-of-<n>/step-N/`` (its
-    files, ``.metadata``, the manifest last), as replication would have left it."""
+    files, ``.metadata``, the manifest last) and recorded READY in the catalog, as replication leaves
+    them (``hot``: the path the job sees)."""
+    from ckptflow.catalog import Catalog  # noqa: PLC0415
+
     done = []
-    for i, machine in enumerate(machines):
-        source = machine.disk / RUN / f"step-{step}"
-        try:
-            manifest = json.loads((source / "manifest.json").read_bytes())
-            part = json.loads((source / "PART.json").read_bytes())
-        except (OSError, ValueError):
-            continue
-        node, count = int(part["node"]), len(manifest.get("nodes", [])) or 1
-        target_machine = machines[(i + 1) % len(machines)]
-        target = target_machine.disk / RUN / "peers" / f"part-{node}-of-{count}" / f"step-{step}"
-        target.mkdir(parents=True, exist_ok=True)
-        for entry in manifest["files"]:
-            if int(entry.get("node", 0)) == node or entry["path"] == ".metadata":
-                if (source / entry["path"]).exists():
-                    shutil.copy2(source / entry["path"], target / entry["path"])
-        shutil.copy2(source / "manifest.json", target / "manifest.json")
-        done.append(f"part {node} of step {step}: {machine.host} -> {target_machine.host}")
+    catalog = Catalog.open(catalog_url)
+    try:
+        for i, machine in enumerate(machines):
+            source = machine.disk / RUN / f"step-{step}"
+            try:
+                manifest = json.loads((source / "manifest.json").read_bytes())
+                part = json.loads((source / "PART.json").read_bytes())
+            except (OSError, ValueError):
+                continue
+            node, count = int(part["node"]), len(manifest.get("nodes", [])) or 1
+            peer = machines[(i + 1) % len(machines)]
+            where = Path(RUN) / "peers" / f"part-{node}-of-{count}" / f"step-{step}"
+            target = peer.disk / where
+            target.mkdir(parents=True, exist_ok=True)
+            size = 0
+            for entry in manifest["files"]:
+                if int(entry.get("node", 0)) == node or entry["path"] == ".metadata":
+                    if (source / entry["path"]).exists():
+                        shutil.copy2(source / entry["path"], target / entry["path"])
+                        size += int(entry["size"]) if int(entry.get("node", 0)) == node else 0
+            shutil.copy2(source / "manifest.json", target / "manifest.json")
+            try:
+                catalog.record_parts(RUN, step, [(node, peer.host, f"{peer.host}:{hot / where}", size)])
+                recorded = "recorded"
+            except Exception as exc:  # noqa: BLE001 - the catalog may not know the step (it was down)
+                recorded = f"not recorded ({type(exc).__name__})"
+            done.append(f"part {node} of step {step}: {machine.host} -> {peer.host}, {recorded}")
+    finally:
+        catalog.dispose()
     return done
