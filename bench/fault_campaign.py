@@ -4,7 +4,7 @@ from the newest checkpoint whose bytes survive anywhere, with its catalog agreei
 end bit-identical to a run without faults.
 
     .venv/bin/python bench/fault_campaign.py [--trials 100] [--seed 0] [--nodes 2|3] [--quick]
-        [--only-trial I] [--out DIR] [--keep]
+        [--only-trial I] [--out DIR] [--keep] [--max-seconds S]
 
 A trial (bench/fault_campaign_plan.py draws it from ``random.Random(seed + i)``: ``--only-trial i``
 replays it alone) boots 2-3 simulated nodes (mount namespaces, each with its own disk at one hot path
@@ -32,6 +32,9 @@ bench/fault_campaign_oracle.py), checks:
 (e) training went on: a launch whose faults must not stop training (the store or the catalog lost, a
     node past the deadline) exited 0.
 
+``--max-seconds S`` bounds the campaign: no trial starts once the time spent plus the longest trial so
+far would pass S; the table and the last line then count the trials done (and say it stopped early).
+
 Prints one line per trial, a table by fault kind, and last
 ``trials=N violations=V resumed_newest=A/N seconds=S`` (target: violations=0). A violation names the
 trial, its seed, its faults, the invariant and where its logs are (kept under --out).
@@ -45,6 +48,7 @@ import logging
 import os
 import random
 import shutil
+import signal
 import tempfile
 import time
 import traceback
@@ -81,6 +85,7 @@ class TrialResult:
     violations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     not_fired: list[str] = field(default_factory=list)
+    launches: list[tuple[str, float]] = field(default_factory=list)  # (name, seconds) of each launch
     seconds: float = 0.0
 
     @property
@@ -93,9 +98,10 @@ class TrialResult:
         newest = "/".join(str(n) for n in self.newest) or "-"
         verdict = "ok" if not self.violations else "VIOLATION"
         extra = f" not fired: {', '.join(self.not_fired)}" if self.not_fired else ""
+        launches = " + ".join(f"{name} {seconds:.0f}" for name, seconds in self.launches)
         return (
             f"trial {plan.index} seed {plan.seed}: {plan.describe()} resumed {resumed} newest {newest} "
-            f"{verdict} {self.seconds:.1f}s{extra}"
+            f"{verdict} {self.seconds:.1f}s ({launches}){extra}"
         )
 
 
@@ -209,7 +215,7 @@ class Trial:
         args = ["--steps", str(STEPS), "--save-every", str(SAVE_EVERY), "--stop-at", str(plan.stop_at)]
         try:
             result = launch(
-                "first", self.work, self.hot, order, plan.nproc, config, args, faults, False, strike
+                "first", self.work, self.hot, order, plan.nproc, config, args, faults, False, strike, store
             )
         finally:
             if store is not None:
@@ -334,7 +340,9 @@ class Trial:
         config = self.config(name, catalog, plan.store)
         args = ["--steps", str(STEPS), "--save-every", str(SAVE_EVERY)]
         try:
-            return launch(name, self.work, self.hot, order, plan.nproc, config, args, faults, True, strike)
+            return launch(
+                name, self.work, self.hot, order, plan.nproc, config, args, faults, True, strike, store
+            )
         finally:
             if store is not None:
                 store.kill()
@@ -365,6 +373,7 @@ class Trial:
         self, name: str, result: LaunchResult, before: Survey, resumed: int | None, final: bool
     ) -> None:
         self.result.notes.append(f"{name}: {result.seconds:.1f} s, exits {result.exits}")
+        self.result.launches.append((name, result.seconds))
         self.result.notes.extend(f"{name}: {note}" for note in result.notes)
         if result.timed_out:
             self.violation(f"(d) {name}: still running after its bound; killed")
@@ -472,7 +481,16 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="where trials run; a violation's logs stay there")
     ap.add_argument("--cache", default=None, help="reference runs (default: <out>/references)")
     ap.add_argument("--keep", action="store_true", help="keep every trial's directory")
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="start no trial that would likely end past this many seconds (the longest trial so far)",
+    )
     args = ap.parse_args()
+    # SIGTERM (a CI timeout) unwinds like Ctrl-C: each launch's ``finally`` kills its nodes and store,
+    # so no node's processes outlive the campaign.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     why = simulated_nodes.unavailable()
     if why is not None:
         print(f"fault campaign: cannot simulate nodes here: {why}")
@@ -486,8 +504,14 @@ def main() -> int:
     indices = [args.only_trial] if args.only_trial is not None else list(range(count))
     print(f"fault campaign: seed {args.seed}, {len(indices)} trial(s), out {out}", flush=True)
     t0 = time.monotonic()
-    results = []
+    results: list[TrialResult] = []
     for index in indices:
+        elapsed, longest = time.monotonic() - t0, max((r.seconds for r in results), default=0.0)
+        if args.max_seconds is not None and results and elapsed + longest > args.max_seconds:
+            print(
+                f"stopped after {len(results)} of {len(indices)} trials: --max-seconds {args.max_seconds:g}"
+            )
+            break
         plan = draw(index, args.seed, args.nodes, args.quick)
         trial = Trial(plan, out, reference_run(plan, cache))
         result = trial.run()

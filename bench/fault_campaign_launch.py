@@ -69,10 +69,12 @@ def write_config(path: Path, hot: Path, catalog: str, secret: Path, warm: Path |
 
 
 class StoreHost:
-    """A TCPStore server in a process of its own: the coordination store of ``store: env``."""
+    """A TCPStore server in a process of its own: the coordination store of ``store: env``. It starts
+    while the nodes boot (its process imports torch: seconds); :meth:`ready` waits for it."""
 
     def __init__(self, log: Path) -> None:
         self.port = free_port()
+        self.log = log
         script = (
             "import datetime, time, torch.distributed as d; "
             f"s = d.TCPStore('127.0.0.1', {self.port}, is_master=True, wait_for_workers=False, "
@@ -80,11 +82,18 @@ class StoreHost:
         )
         self._log = log.open("ab")
         self.proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=self._log)
+        self._up = False
+
+    def ready(self) -> None:
+        """Return once the store listens (bounded: the process prints or dies)."""
+        if self._up:
+            return
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()  # bounded: the process prints or dies
+        line = self.proc.stdout.readline().strip()
         if line != b"up":
             self.kill()
-            raise RuntimeError(f"the coordination store did not start (see {log})")
+            raise RuntimeError(f"the coordination store did not start (see {self.log})")
+        self._up = True
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -94,7 +103,8 @@ class StoreHost:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=30)
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
 
 
 @dataclass
@@ -170,8 +180,10 @@ def launch(
     faults: dict[str, Any],
     peers: bool,
     strike: Strike | None = None,
+    store: StoreHost | None = None,
 ) -> LaunchResult:
-    """One launch of the job on ``machines`` (node rank = position), bounded by LAUNCH_TIMEOUT_S."""
+    """One launch of the job on ``machines`` (node rank = position), bounded by LAUNCH_TIMEOUT_S;
+    ``store``: the coordination store the workers use, waited for once the nodes are up."""
     t0 = time.monotonic()
     out = work / f"out-{name}"
     out.mkdir(parents=True, exist_ok=True)
@@ -188,6 +200,8 @@ def launch(
             problem = _start_peers(job, config, hot)
             if problem:
                 result.notes.append(problem)
+        if store is not None:
+            store.ready()
         worker_args = ["--config", str(config), "--out", str(out), "--faults", str(spec), *args]
         job.start(WORKER, worker_args)
         marker = Path(faults["pause"]["marker"]) if "pause" in faults else None
