@@ -1,11 +1,9 @@
 """Stage a state dict into persistent host buffers: the only work the training loop waits for.
 
 Buffers are allocated once and reused by every later save (no page faults, no allocator churn);
-they are re-allocated only for a tensor whose shape or dtype changed. The buffers a call needs are
-allocated together, on huge pages and faulted in ahead (:mod:`.host_memory`), so even a first copy
-pays little for fresh pages; :meth:`HostStager.reserve` allocates them ahead of time (the
-Checkpointer does so at restore, which loads into them), so the first save stalls for the copy
-alone. Tensors on
+they are re-allocated only for a tensor whose shape or dtype changed. :meth:`HostStager.reserve`
+allocates and touches them ahead of time (the Checkpointer does so at restore), so even the first
+save stalls for the copy alone, not for the kernel faulting in fresh pages (~2 s per GiB here). Tensors on
 a GPU are copied into pinned buffers with ``non_blocking=True`` on a side stream, fenced as
 :mod:`ckptflow.training_hooks.save.stream_ops` describes: the loop's stream waits for the copy's event
 before it runs anything queued after :meth:`HostStager.stage` (so the next forward pass or
@@ -27,7 +25,6 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from ckptflow.training_hooks.save import host_memory
 from ckptflow.training_hooks.save.stream_ops import CudaStreamOps, StreamOps, fenced_copy
 
 Path = tuple[Any, ...]
@@ -78,28 +75,14 @@ class HostStager:
         """Host memory held by the staging buffers."""
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
-    def _fits(self, path: Path, src: torch.Tensor) -> bool:
+    def _buffer_for(self, path: Path, src: torch.Tensor) -> tuple[torch.Tensor, int]:
         buf = self._buffers.get(path)
-        return buf is not None and buf.shape == src.shape and buf.dtype == src.dtype
-
-    def _allocate(self, tensors: list[tuple[Path, torch.Tensor]]) -> tuple[int, bool]:
-        """Allocate, together, the buffers of ``tensors`` that are missing (first save, or a tensor
-        that changed shape/dtype): (bytes allocated, whether every one is already faulted in)."""
-        missing = [(path, src) for path, src in tensors if not self._fits(path, src)]
-        pinned = [(path, src) for path, src in missing if self._pin and src.is_cuda]
-        host = [(path, src) for path, src in missing if not (self._pin and src.is_cuda)]
-        for path, src in pinned:  # page-locked by the driver: resident from the start
-            self._buffers[path] = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=True)
-        buffers, populated = host_memory.allocate([(src.shape, src.dtype) for _, src in host])
-        for (path, _), buf in zip(host, buffers, strict=True):
-            self._buffers[path] = buf
-        fresh = sum(src.numel() * src.element_size() for _, src in missing)
-        return fresh, populated or not host
-
-    def _buffer_for(self, path: Path, src: torch.Tensor) -> torch.Tensor:
-        if not self._fits(path, src):  # not allocated ahead by _allocate (never, as _tensors walks)
-            self._allocate([(path, src)])
-        return self._buffers[path]
+        if buf is not None and buf.shape == src.shape and buf.dtype == src.dtype:
+            return buf, 0
+        # First save, or this tensor changed shape/dtype: allocate once, then reuse.
+        buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=self._pin and src.is_cuda)
+        self._buffers[path] = buf
+        return buf, buf.numel() * buf.element_size()
 
     def _copy_tensor(
         self, path: Path, src: torch.Tensor, counters: _Counters, fill: bool = True
@@ -110,7 +93,7 @@ class HostStager:
                 local, src.device_mesh, src.placements, run_check=False, shape=src.shape, stride=src.stride()
             )
         src = src.detach()
-        buf = self._buffer_for(path, src)
+        buf, fresh = self._buffer_for(path, src)
         if fill:
             buf.copy_(src, non_blocking=src.is_cuda)
             if counters.side_stream is not None:
@@ -118,6 +101,7 @@ class HostStager:
                 # be dropped by the caller before that: its memory must not be reused until then.
                 self._ops.keep_alive(src, counters.side_stream)  # type: ignore[union-attr]
         counters.bytes += buf.numel() * buf.element_size()
+        counters.reallocated += fresh
         counters.used.add(path)
         return buf
 
@@ -139,12 +123,12 @@ class HostStager:
         Returns the bytes newly allocated (0 when the buffers already fit). Nothing is copied; the
         next :meth:`stage` of a state with the same shapes allocates nothing.
         """
-        before = {path: buf for path, buf in self._buffers.items()}
-        fresh_bytes, populated = self._allocate(list(_tensors(state_dict, ())))
-        if not populated:
-            for path, buf in self._buffers.items():
-                if before.get(path) is not buf and not buf.is_pinned():
-                    buf.zero_()  # first touch: the page faults happen here, not in the first save's stall
+        fresh_bytes = 0
+        for path, tensor in _tensors(state_dict, ()):
+            buf, fresh = self._buffer_for(path, tensor)
+            if fresh and not buf.is_pinned():
+                buf.zero_()  # first touch: the page faults happen here, not in the first save's stall
+            fresh_bytes += fresh
         return fresh_bytes
 
     def shadow(self, state_dict: dict[str, Any]) -> tuple[dict[str, Any], int]:
@@ -154,9 +138,9 @@ class HostStager:
 
         Returns (twin, bytes newly allocated). Non-tensor values are copied.
         """
-        fresh, _ = self._allocate(list(_tensors(state_dict, ())))
-        twin = self._walk(state_dict, (), _Counters(), fill=False)
-        return twin, fresh
+        counters = _Counters()
+        twin = self._walk(state_dict, (), counters, fill=False)
+        return twin, counters.reallocated
 
     def stage(self, state_dict: dict[str, Any]) -> StageResult:
         """Copy every tensor of ``state_dict`` into the reused buffers; return the staged twin.
@@ -167,7 +151,6 @@ class HostStager:
         """
         start = time.perf_counter()
         counters = _Counters()
-        counters.reallocated, _ = self._allocate(list(_tensors(state_dict, ())))
         if self._ops is not None and self._pin:
             if self._stream is None:
                 self._stream = self._ops.new_stream()
