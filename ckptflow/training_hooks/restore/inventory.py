@@ -18,7 +18,7 @@ from pathlib import Path
 from ckptflow.peer.identity import PEERS_DIR, RESERVED_PREFIX, PartId
 from ckptflow.storage import checksums, layout
 from ckptflow.storage.layout import PART_NAME
-from ckptflow.storage.manifest import MANIFEST_NAME, ManifestError, UnsupportedManifestError, read_manifest
+from ckptflow.storage.manifest import MANIFEST_NAME, ManifestError, UnsupportedManifestError, parse_manifest
 from ckptflow.training_hooks.commit.files import read_part
 
 # Files in a step directory that are not checkpoint data: never counted as held files.
@@ -83,11 +83,16 @@ def _files(directory: Path) -> dict[str, int]:
     return files
 
 
-def _manifest_crc(directory: Path) -> str | None:
+def _manifest_bytes(directory: Path) -> bytes | None:
     try:
-        return checksums.checksum_bytes((directory / MANIFEST_NAME).read_bytes())
+        return (directory / MANIFEST_NAME).read_bytes()
     except OSError:
         return None
+
+
+def _manifest_crc(directory: Path) -> str | None:
+    data = _manifest_bytes(directory)
+    return None if data is None else checksums.checksum_bytes(data)
 
 
 def scan_replicas(root: Path) -> dict[tuple[int, int], ReplicaHolding]:
@@ -117,25 +122,29 @@ def scan_node(root: Path, node: int) -> NodeInventory:
         if entry.kind not in ("committed", "incomplete"):
             continue
         files = _files(entry.path)
-        decided = _manifest_crc(entry.path) if entry.kind == "committed" else None
+        manifest = _manifest_bytes(entry.path) if entry.kind == "committed" else None
+        decided = None if manifest is None else checksums.checksum_bytes(manifest)
         part = read_part(entry.path)
-        damage = _damage(entry.path, files, part, decided is not None)
+        damage = _damage(entry.path, files, part, manifest)
         inventory.steps[entry.step] = StepHolding(
             entry.step, decided, files, None if part is None else str(part.get("save_id")), damage
         )
     return inventory
 
 
-def _damage(directory: Path, files: dict[str, int], part: dict | None, decided: bool) -> str | None:
+def _damage(
+    directory: Path, files: dict[str, int], part: dict | None, manifest_bytes: bytes | None
+) -> str | None:
     """What is wrong with the files this directory must hold, if anything: its own part (PART.json)
-    or, for a checkpoint saved by one node, every file of the manifest. Files of other nodes' parts
-    are not expected here: their absence is not damage."""
+    or, for a checkpoint saved by one node, every file of the manifest (``manifest_bytes``, as the
+    scan read them once for their CRC). Files of other nodes' parts are not expected here: their
+    absence is not damage."""
     expected: dict[str, int] = {}
     if part is not None:
         expected = {str(f["path"]): int(f["size"]) for f in part.get("files", [])}
-    elif decided:
+    elif manifest_bytes is not None:
         try:
-            manifest = read_manifest(directory)
+            manifest = parse_manifest(manifest_bytes, where=str(directory / MANIFEST_NAME))
         except UnsupportedManifestError:
             return None  # a newer format is not damage: restore stops on it, naming it
         except ManifestError as exc:

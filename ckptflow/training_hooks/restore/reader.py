@@ -159,19 +159,40 @@ class VerifiedReader(FileSystemReader):
         for item in plan.items:
             info: _StorageInfo = self.storage_data[item.storage_index]
             per_file.setdefault(info.relative_path, []).append(item)
-        files = sorted(per_file)
-        if len(files) <= 1 or self._workers == 1:
-            for path in files:
-                self._read_file(path, per_file[path], planner)
+        jobs = [(path, part) for path in sorted(per_file) for part in self._parts(path, per_file[path])]
+        if len(jobs) <= 1 or self._workers == 1:
+            for path, items in jobs:
+                self._read_file(path, items, planner)
         else:
-            with ThreadPoolExecutor(
-                min(self._workers, len(files)), thread_name_prefix="ckptflow-read"
-            ) as pool:
-                for done in [pool.submit(self._read_file, p, per_file[p], planner) for p in files]:
+            workers = min(self._workers, len(jobs))
+            with ThreadPoolExecutor(workers, thread_name_prefix="ckptflow-read") as pool:
+                for done in [pool.submit(self._read_file, path, items, planner) for path, items in jobs]:
                     done.result()
         done: torch.futures.Future[None] = torch.futures.Future()
         done.set_result(None)
         return done
+
+    def _parts(self, path: str, items: list[ReadItem]) -> list[list[ReadItem]]:
+        """``items`` of one file in up to ``workers`` runs of consecutive spans of about equal
+        bytes, read in parallel: a rank that reads one big file (one rank, one node: the usual
+        restart) keeps every worker reading, checking and copying instead of one. A file without
+        block checksums (format 1) is verified whole before its first item, so it stays one run."""
+        entry = self._manifest.entry(path)
+        if self._workers == 1 or entry is None or not entry.blocks:
+            return [items]
+        spans: dict[tuple[int, int], list[ReadItem]] = {}
+        for item in items:
+            info: _StorageInfo = self.storage_data[item.storage_index]
+            spans.setdefault((info.offset, info.length), []).append(item)
+        total = sum(length for _, length in spans) or 1
+        parts: list[list[ReadItem]] = [[]]
+        done = 0
+        for (_, length), readers in sorted(spans.items()):
+            if parts[-1] and done >= total * len(parts) / self._workers:
+                parts.append([])  # items of one span always stay together: it is read once
+            parts[-1].extend(readers)
+            done += length
+        return parts
 
     def _read_file(self, path: str, items: list[ReadItem], planner: LoadPlanner) -> None:
         entry = self._manifest.entry(path)

@@ -11,9 +11,15 @@ import pytest
 import torch
 
 from ckptflow.storage import checksums, layout
+from ckptflow.storage.layout import METADATA_NAME
 from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
-from ckptflow.training_hooks import Checkpointer
-from ckptflow.training_hooks.restore.reader import load_tensor_record
+from ckptflow.training_hooks import Checkpointer, CheckpointOptions
+from ckptflow.training_hooks.restore.reader import (
+    SafeLoadPlanner,
+    VerifiedReader,
+    load_metadata_safely,
+    load_tensor_record,
+)
 
 RUN = "vr"
 
@@ -137,3 +143,35 @@ def test_a_format_1_checkpoint_restores_and_is_verified_whole(tmp_path):
     data.write_bytes(bytes(raw))
     assert _restore(tmp_path)[0] == 0
     assert checksums.is_well_formed(body["files"][0]["checksum"])
+
+
+def test_one_file_is_read_by_every_worker_in_runs_of_whole_spans(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    saved = {"app": Tensors(**{f"t{i}": torch.randn(1000 + 300 * i, generator=g) for i in range(8)})}
+    with Checkpointer(RUN, tmp_path) as ckpt:
+        ckpt.save(5, saved)
+    directory = tmp_path / RUN / layout.committed_name(5)
+    metadata = load_metadata_safely((directory / METADATA_NAME).read_bytes())
+    reader = VerifiedReader(directory, read_manifest(directory), metadata, workers=3)
+    reader.set_up_storage_reader(metadata, True)
+    planner = SafeLoadPlanner()
+    planner.set_up_planner({"app": saved["app"].state_dict()}, metadata, True)
+    items = planner.create_local_plan().items
+    (path,) = {reader.storage_data[i.storage_index].relative_path for i in items}
+
+    parts = reader._parts(path, items)
+    where = {i.storage_index: reader.storage_data[i.storage_index] for i in items}
+    spans = [[(where[i.storage_index].offset, where[i.storage_index].length) for i in run] for run in parts]
+    assert len(parts) == 3
+    fqns = sorted(i.storage_index.fqn for i in items)
+    assert sorted(i.storage_index.fqn for run in parts for i in run) == fqns
+    flat = [span for run in spans for span in run]
+    assert flat == sorted(flat) and len(set(flat)) == len(flat)  # consecutive runs, each span once
+    assert all(a + n <= b for (a, n), (b, _) in zip(flat, flat[1:], strict=False))
+
+    fresh = {"app": Tensors(**{k: torch.zeros_like(v) for k, v in saved["app"].tensors.items()})}
+    with Checkpointer(RUN, tmp_path, options=CheckpointOptions(verify_workers=3)) as ckpt:
+        assert ckpt.restore(fresh) == 5
+    for key, value in saved["app"].tensors.items():
+        assert torch.equal(fresh["app"].tensors[key], value), key
+    assert ckpt.stats.restore.bytes_read == (directory / path).stat().st_size  # each byte once
