@@ -33,7 +33,7 @@ from ckptflow.storage.peer_endpoint import withdraw
 log = logging.getLogger("ckptflow.agent")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="Serve this node's ckptflow deployments (blocks).")
     ap.add_argument("--config", required=True, help="path to ckptflow.yaml, as this node sees it")
     ap.add_argument("--node", default=None, help="this node's host name (default: socket.gethostname())")
@@ -69,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--commit-watch-interval-s", type=float, default=0.2, help="how often the disk is looked at (watch)"
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     config = Path(args.config).resolve()
     # Served runs inherit this environment: their config must be this directory's (flows/pinned.py).
     os.environ.setdefault(CONFIG_DIR_ENV, str(config.parent))

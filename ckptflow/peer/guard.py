@@ -98,119 +98,128 @@ class GuardStats:
         return asdict(self)
 
 
+class _Guard:
+    """The limits of the module docstring, mixed in before uvicorn's protocol class (``guarded``)."""
+
+    _limits: ConnectionLimits
+    _stats: GuardStats
+    connections: set[Any]
+    cycle: Any
+    flow: Any
+    transport: Any
+    loop: asyncio.AbstractEventLoop
+    _waiting_since: float | None = None  # waiting for a request's headers since (monotonic)
+    _timer: asyncio.TimerHandle | None = None
+    _last_data = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._waiting_since = time.monotonic()
+        if len(self.connections) > self._limits.max_connections and not self._make_room():
+            self._stats.refused += 1
+            log.warning(
+                "peer server: %d connections open (the limit); refused one from %s",
+                self._limits.max_connections, _peer(transport),
+            )  # fmt: skip
+            self._waiting_since = None
+            self.connections.discard(self)
+            transport.write(BUSY_RESPONSE)  # type: ignore[attr-defined]
+            transport.close()
+            return
+        self._arm(self._limits.header_timeout_s, self._header_deadline)
+
+    def _make_room(self) -> bool:
+        waiting = [
+            c for c in self.connections
+            if c is not self and isinstance(c, _Guard) and c._waiting_since is not None
+        ]  # fmt: skip
+        if not waiting:
+            return False
+        oldest = min(waiting, key=lambda c: c._waiting_since)
+        self._stats.evicted += 1
+        log.warning(
+            "peer server: at the connection limit (%d); closed the one from %s, waiting %.1f s for "
+            "its request", self._limits.max_connections, _peer(oldest.transport),
+            time.monotonic() - oldest._waiting_since,
+        )  # fmt: skip
+        oldest._end()
+        return True
+
+    def _busy(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def _arm(self, delay: float, callback: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(delay, callback)
+
+    def _end(self) -> None:
+        self._waiting_since = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.connections.discard(self)  # counted out now, not when the loop gets round to it
+        self.transport.abort()
+
+    def _header_deadline(self) -> None:
+        self._timer = None
+        if self._waiting_since is not None and not self.transport.is_closing():
+            self._stats.header_timeouts += 1
+            log.warning(
+                "peer server: no complete request from %s in %.0f s; closed",
+                _peer(self.transport), self._limits.header_timeout_s,
+            )  # fmt: skip
+            self._end()
+
+    def _body_deadline(self) -> None:
+        self._timer = None
+        if not self._busy() or self.transport.is_closing():
+            return
+        now = time.monotonic()
+        if not self.cycle.more_body or self.flow.read_paused:
+            self._last_data = now  # not waiting on the client: the body is in, or we paused it
+        idle = now - self._last_data
+        if idle < self._limits.body_timeout_s:
+            self._arm(self._limits.body_timeout_s - idle, self._body_deadline)
+            return
+        self._stats.body_timeouts += 1
+        log.warning(
+            "peer server: no byte of the request body from %s in %.0f s; closed",
+            _peer(self.transport), self._limits.body_timeout_s,
+        )  # fmt: skip
+        self._end()
+
+    def data_received(self, data: bytes) -> None:
+        self._last_data = time.monotonic()
+        super().data_received(data)  # type: ignore[misc]
+        if self._waiting_since is not None and self._busy():
+            self._waiting_since = None  # the headers are in: from here the body must keep coming
+            self._arm(self._limits.body_timeout_s, self._body_deadline)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        if self.transport.is_closing():
+            return
+        if self._busy():  # a pipelined request started at once
+            self._arm(self._limits.body_timeout_s, self._body_deadline)
+        else:
+            self._waiting_since = time.monotonic()
+            self._arm(self._limits.header_timeout_s, self._header_deadline)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._waiting_since = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
 def guarded(base: type[Any], limits: ConnectionLimits, stats: GuardStats) -> type[asyncio.Protocol]:
     """``base`` (uvicorn's H11Protocol or HttpToolsProtocol) with the limits of the module
     docstring. Uses what both classes have: ``connections`` (the server's set of open
     connections), ``cycle`` (the request in progress), ``flow``, ``transport``, ``loop``."""
-
-    class Guarded(base):  # type: ignore[misc, valid-type]
-        _waiting_since: float | None = None  # waiting for a request's headers since (monotonic)
-        _timer: asyncio.TimerHandle | None = None
-        _last_data = 0.0
-
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            super().connection_made(transport)
-            self._waiting_since = time.monotonic()
-            if len(self.connections) > limits.max_connections and not self._make_room():
-                stats.refused += 1
-                log.warning(
-                    "peer server: %d connections open (the limit); refused one from %s",
-                    limits.max_connections, _peer(transport),
-                )  # fmt: skip
-                self._waiting_since = None
-                self.connections.discard(self)
-                transport.write(BUSY_RESPONSE)  # type: ignore[attr-defined]
-                transport.close()
-                return
-            self._arm(limits.header_timeout_s, self._header_deadline)
-
-        def _make_room(self) -> bool:
-            waiting = [
-                c for c in self.connections
-                if c is not self and isinstance(c, Guarded) and c._waiting_since is not None
-            ]  # fmt: skip
-            if not waiting:
-                return False
-            oldest = min(waiting, key=lambda c: c._waiting_since)
-            stats.evicted += 1
-            log.warning(
-                "peer server: at the connection limit (%d); closed the one from %s, waiting %.1f s for "
-                "its request", limits.max_connections, _peer(oldest.transport),
-                time.monotonic() - oldest._waiting_since,
-            )  # fmt: skip
-            oldest._end()
-            return True
-
-        def _busy(self) -> bool:
-            return self.cycle is not None and not self.cycle.response_complete
-
-        def _arm(self, delay: float, callback: Any) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = self.loop.call_later(delay, callback)
-
-        def _end(self) -> None:
-            self._waiting_since = None
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            self.connections.discard(self)  # counted out now, not when the loop gets round to it
-            self.transport.abort()
-
-        def _header_deadline(self) -> None:
-            self._timer = None
-            if self._waiting_since is not None and not self.transport.is_closing():
-                stats.header_timeouts += 1
-                log.warning(
-                    "peer server: no complete request from %s in %.0f s; closed",
-                    _peer(self.transport), limits.header_timeout_s,
-                )  # fmt: skip
-                self._end()
-
-        def _body_deadline(self) -> None:
-            self._timer = None
-            if not self._busy() or self.transport.is_closing():
-                return
-            now = time.monotonic()
-            if not self.cycle.more_body or self.flow.read_paused:
-                self._last_data = now  # not waiting on the client: the body is in, or we paused it
-            idle = now - self._last_data
-            if idle < limits.body_timeout_s:
-                self._arm(limits.body_timeout_s - idle, self._body_deadline)
-                return
-            stats.body_timeouts += 1
-            log.warning(
-                "peer server: no byte of the request body from %s in %.0f s; closed",
-                _peer(self.transport), limits.body_timeout_s,
-            )  # fmt: skip
-            self._end()
-
-        def data_received(self, data: bytes) -> None:
-            self._last_data = time.monotonic()
-            super().data_received(data)
-            if self._waiting_since is not None and self._busy():
-                self._waiting_since = None  # the headers are in: from here the body must keep coming
-                self._arm(limits.body_timeout_s, self._body_deadline)
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if self.transport.is_closing():
-                return
-            if self._busy():  # a pipelined request started at once
-                self._arm(limits.body_timeout_s, self._body_deadline)
-            else:
-                self._waiting_since = time.monotonic()
-                self._arm(limits.header_timeout_s, self._header_deadline)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._waiting_since = None
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            super().connection_lost(exc)
-
-    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
-    return Guarded
+    name = f"Guarded{base.__name__}"
+    return type(name, (_Guard, base), {"_limits": limits, "_stats": stats, "__qualname__": name})
 
 
 def _peer(transport: asyncio.BaseTransport | None) -> str:

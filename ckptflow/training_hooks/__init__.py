@@ -17,7 +17,7 @@ from ckptflow.training_hooks.errors import CheckpointLoadError, CheckpointSaveEr
 from ckptflow.training_hooks.loaders import resumable_loader
 from ckptflow.training_hooks.options import CheckpointOptions
 from ckptflow.training_hooks.restore.context import RestoreReport
-from ckptflow.training_hooks.save.job import SaveStats
+from ckptflow.training_hooks.save.records import SaveStats
 from ckptflow.training_hooks.stateful import (
     DataPosition,
     ModelState,

@@ -45,9 +45,11 @@ from ckptflow.training_hooks.restore.context import RestoreContext
 from ckptflow.training_hooks.restore.load import fresh_optimizers
 from ckptflow.training_hooks.restore.reader import ReadHook
 from ckptflow.training_hooks.restore.sources import PeerAccess, peer_access
-from ckptflow.training_hooks.save.job import SaveJob, SaveOutcome, SaveStats, run_save_job
+from ckptflow.training_hooks.save.job import run_save_job
 from ckptflow.training_hooks.save.planner import PlanCache, plan_save
+from ckptflow.training_hooks.save.records import SaveJob, SaveOutcome, SaveStats
 from ckptflow.training_hooks.save.staging import HostStager
+from ckptflow.training_hooks.stateful import checked_state
 from ckptflow.training_hooks.stats import CheckpointerStats
 
 log = logging.getLogger("ckptflow.checkpointer")
@@ -220,7 +222,7 @@ class Checkpointer:
         ``DataLoader``, a ``StatefulDataLoader`` without ``generator=``).
         """
         check_loaders(state)  # a loader that cannot resume exactly fails before anything is trained
-        self._stateful(state)  # a bad state fails now, not at the first save hours later
+        checked_state(state)  # a bad state fails now, not at the first save hours later
         self._ensure_incarnation()
         self.wait()
         topology = self.topology
@@ -322,7 +324,7 @@ class Checkpointer:
         self._on_phase("staging")
         started = time.monotonic()
         t0 = time.perf_counter()
-        template = {key: obj.state_dict() for key, obj in self._stateful(state).items()}
+        template = {key: obj.state_dict() for key, obj in checked_state(state).items()}
         staged = self._stager.stage(template)
         t_plan = time.perf_counter()
         # Unique per attempt (and equal on all ranks, which agreed on this save): a step saved again
@@ -420,20 +422,6 @@ class Checkpointer:
             return self._run_job(job)
         finally:  # before the future is done: the MTBF cadence floors its interval at this busy time
             self.cadence.observe_write(time.monotonic() - job.started)
-
-    @staticmethod
-    def _stateful(state: dict[str, Any]) -> dict[str, Any]:
-        if not isinstance(state, dict) or not state:
-            raise TypeError(
-                "state must be a non-empty dict of Stateful objects (e.g. {'app': ModelState(...)})"
-            )
-        for key, obj in state.items():
-            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(
-                    f"state[{key!r}] is a {type(obj).__name__}, which has no state_dict()/load_state_dict(); "
-                    "wrap it (e.g. ModelState(model, optimizer)) or pass an object with both methods"
-                )
-        return state
 
     def _run_job(self, job: SaveJob) -> SaveStats:
         try:

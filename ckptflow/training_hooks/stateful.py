@@ -23,6 +23,20 @@ from torch.distributed.checkpoint.state_dict import (
 from ckptflow.training_hooks.cluster import ranks
 
 
+def checked_state(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` itself, once it is what save and restore take: a non-empty dict of objects with
+    ``state_dict()`` and ``load_state_dict()``; TypeError naming the key and the fix otherwise."""
+    if not isinstance(state, dict) or not state:
+        raise TypeError("state must be a non-empty dict of Stateful objects (e.g. {'app': ModelState(...)})")
+    for key, obj in state.items():
+        if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+            raise TypeError(
+                f"state[{key!r}] is a {type(obj).__name__}, which has no state_dict()/load_state_dict(); "
+                "wrap it (e.g. ModelState(model, optimizer)) or pass an object with both methods"
+            )
+    return state
+
+
 class ModelState:
     """Model and optimizer through DCP's ``get_state_dict``/``set_state_dict``.
 

@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ckptflow.training_hooks.restore.context import RestoreReport
-from ckptflow.training_hooks.save.job import SaveStats
+from ckptflow.training_hooks.save.records import SaveStats
 
 
 @dataclass

@@ -16,107 +16,22 @@ import platform
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
-from enum import StrEnum
-from pathlib import Path
-from typing import Any
 
 import torch
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan
 
 import ckptflow
 from ckptflow.storage import layout
-from ckptflow.storage.events import STAGED_EVENT, node_resources
-from ckptflow.storage.manifest import MANIFEST_NAME, Manifest, parse_manifest
-from ckptflow.storage.quarantine import make_space
-from ckptflow.training_hooks.cluster.coord_store import CoordinationStore, StoreUnavailable
-from ckptflow.training_hooks.cluster.nodes import Topology
+from ckptflow.storage.manifest import MANIFEST_NAME, Manifest
+from ckptflow.training_hooks.cluster.coord_store import StoreUnavailable
 from ckptflow.training_hooks.commit import files as commit_files
-from ckptflow.training_hooks.commit.announce import build_event
+from ckptflow.training_hooks.commit.after_commit import after_commit
 from ckptflow.training_hooks.commit.protocol import CommitRound, Decision, DecisionOutcome
-from ckptflow.training_hooks.commit.record import committed_record
+from ckptflow.training_hooks.save.records import SaveJob, SaveOutcome, SaveStats
+from ckptflow.training_hooks.save.room import make_room_for_the_part, remove_abandoned_partials
 from ckptflow.training_hooks.save.staging import wait_for
 from ckptflow.training_hooks.save.writer import SaveAbandoned, make_writer
 
 log = logging.getLogger("ckptflow.save")
-
-PhaseHook = Callable[[str], None]
-
-
-class SaveOutcome(StrEnum):
-    """What became of one save, on one rank."""
-
-    PENDING = "pending"  # still being written
-    WRITTEN = "written"  # this rank's files are written and reported; its leader commits them
-    COMMITTED = "committed"  # a leader: the decision is durable on its node
-    ABANDONED = "abandoned"  # not committed (a deadline missed, the store lost)
-    FAILED = "failed"  # a local error (a disk): raised by wait()/close()
-    DUPLICATE = "duplicate"  # the step was already committed by another save: this copy discarded
-
-
-@dataclass
-class SaveStats:
-    """What one save cost and what became of it."""
-
-    step: int
-    save_id: str
-    stage_s: float = 0.0  # the training loop's stall: staging copy + planning
-    plan_s: float = 0.0
-    write_s: float = 0.0  # this rank's shard files, checksummed and fsynced
-    finalize_s: float = 0.0  # leader/coordinator: waiting for ranks and nodes, metadata, manifest
-    decision_s: float = 0.0  # coordinator: from the last node's part to the decision published
-    total_s: float = 0.0  # from the stall's start to commit (coordinator) or report (others)
-    bytes: int = 0  # bytes staged by this rank
-    allocated_bytes: int = 0  # staging buffers this save had to allocate (0 once they are reserved)
-    checkpoint_bytes: int = 0  # all files of the committed checkpoint (coordinator)
-    outcome: SaveOutcome = SaveOutcome.PENDING
-    missing_ranks: list[int] = field(default_factory=list)
-    missing_nodes: list[int] = field(default_factory=list)
-    store_ops: int = 0  # round trips to the coordination store by this rank for this save
-    error: str | None = None
-    # After the decision (coordinator): catalog writes and the staged event that failed. Logged and
-    # kept here, never raised: the checkpoint is committed whatever happens to its notifications.
-    after_commit_errors: list[str] = field(default_factory=list)
-
-    @property
-    def write_gbps(self) -> float:
-        return self.bytes / self.write_s / 1e9 if self.write_s > 0 else 0.0
-
-
-@dataclass
-class SaveJob:
-    """Everything the background thread needs; built by the training thread during the stall."""
-
-    run: str
-    run_dir: Path  # this node's directory of the run: <hot tier root>/<run>
-    step: int
-    save_id: str
-    topology: Topology
-    store: CoordinationStore
-    planner: DefaultSavePlanner
-    plan: SavePlan
-    metadata: Metadata | None  # the global plan's metadata: on the coordinator only
-    staging_event: Any
-    metrics: dict[str, float]
-    deadline_s: float
-    grace_s: float
-    stats: SaveStats
-    on_phase: PhaseHook
-    write_hook: Callable[[str], None] | None
-    catalog: Any  # a CatalogHandle (coordinator) or None
-    events: Any  # an EventPoster (coordinator) or None
-    started: float  # time.monotonic() at the start of the stall
-    previous_save_id: str | None = None  # the coordinator deletes what that round left, if anything
-
-    @property
-    def partial_dir(self) -> Path:
-        return self.run_dir / layout.partial_name(self.step, self.save_id)
-
-    @property
-    def final_dir(self) -> Path:
-        return self.run_dir / layout.committed_name(self.step)
 
 
 def versions() -> dict[str, str]:
@@ -141,8 +56,8 @@ def run_save_job(job: SaveJob) -> SaveStats:
         except StoreUnavailable as exc:
             log.warning("could not delete the keys of save %s: %s", job.previous_save_id, exc)
     if topology.is_leader:
-        _remove_abandoned_partials(job)
-        _make_room_for_the_part(job)
+        remove_abandoned_partials(job)
+        make_room_for_the_part(job)
     partial = job.partial_dir
     partial.mkdir(parents=True, exist_ok=True)
     try:
@@ -370,7 +285,7 @@ def _follow(job: SaveJob, round_: CommitRound, stats: SaveStats, part_committed:
                 "; ".join(topology.describe_node(k) for k in unconfirmed),
             )
         _acknowledge(job, round_)
-        _after_commit(job, stats, metadata, manifest_json)
+        after_commit(job, stats, manifest_json)
         return
     _acknowledge(job, round_)
     _abandon(job, stats, decision.reason or "abandoned", decision.missing_nodes, decision.missing_ranks)
@@ -399,7 +314,7 @@ def _commit_single_node(job: SaveJob, reports: dict[int, commit_files.RankReport
     stats.outcome = SaveOutcome.COMMITTED
     stats.total_s = time.monotonic() - job.started
     stats.checkpoint_bytes = manifest.total_bytes
-    _after_commit(job, stats, metadata, manifest.to_json())
+    after_commit(job, stats, manifest.to_json())
 
 
 def _build(job: SaveJob, reports: dict[int, commit_files.RankReport]) -> tuple[bytes, Manifest]:
@@ -441,7 +356,7 @@ def _clean_up(
     """A leader removes this node's files of an abandoned attempt that no rank writes any more.
 
     A straggler still writing is not waited for: its rank stays busy, so at most the next save is
-    skipped, and the leader's next save removes what it left (:func:`_remove_abandoned_partials`)
+    skipped, and the leader's next save removes what it left (:func:`..save.room.remove_abandoned_partials`)
     once it let go. A dead writer's lock is gone with its process."""
     if not job.topology.is_leader:
         return
@@ -467,118 +382,6 @@ def _clean_up(
     except StoreUnavailable:
         if not quiet:
             log.warning("step %d: could not delete this node's report keys (store unreachable)", job.step)
-
-
-def _make_room_for_the_part(job: SaveJob) -> None:
-    """A leader, before writing: if this node's disk cannot hold the part about to be written (about
-    this rank's bytes times the node's ranks), the oldest quarantined copies are removed until it can
-    (each logged; a save never fails with ENOSPC while the quarantine holds what it needs)."""
-    needed = job.stats.bytes * len(job.topology.node_ranks)
-    try:
-        removed = make_space(job.run_dir, needed)
-    except OSError as exc:
-        log.error("step %d: making room in %s failed: %s", job.step, job.run_dir, exc)
-        return
-    for gone in removed:
-        log.warning(
-            "step %d: removed %s from quarantine (%d bytes) to make room", job.step, gone.path, gone.bytes
-        )
-        if job.catalog is not None:
-            job.catalog.call(
-                "audit",
-                "quarantine.removed",
-                job.run,
-                job.step,
-                path=gone.path,
-                bytes=gone.bytes,
-                why=gone.why,
-            )
-
-
-def _remove_abandoned_partials(job: SaveJob) -> None:
-    """A leader, before writing: the partial directories of this process's earlier attempts that no
-    rank writes any more (an abandoned attempt whose straggler has finished since) are removed.
-    Only this incarnation's: a partial of another process is restore's to judge, by its age."""
-    incarnation = job.save_id.split("-", 1)[0]
-    for entry in layout.scan(job.run_dir):
-        parsed = layout.parse_partial(entry.path.name) if entry.kind == "partial" else None
-        if parsed is None or parsed[1] == job.save_id or not parsed[1].startswith(f"{incarnation}-"):
-            continue
-        if not layout.someone_writes(entry.path):
-            log.info("removing %s: an abandoned attempt, its last writer gone", entry.path)
-            commit_files.discard(entry.path)
-
-
-def _after_commit(job: SaveJob, stats: SaveStats, metadata: bytes, manifest_json: bytes) -> None:
-    """The coordinator, once the checkpoint is decided: catalog row, outbox, staged event.
-
-    Nothing here can fail the save (it is committed on disk): each failure is logged and kept in
-    ``stats.after_commit_errors``; ``reconcile`` and ``catalog sync`` catch up on what it missed."""
-    try:
-        manifest = parse_manifest(manifest_json, where=f"{job.final_dir / MANIFEST_NAME}")
-        record = committed_record(manifest, manifest_json, str(job.final_dir), job.topology.hosts)
-    except Exception as exc:  # noqa: BLE001 - see the docstring
-        _after_commit_failed(job, stats, "building its catalog record", exc)
-        return
-    try:
-        job.on_phase("catalog")
-        _record_commit(job, stats, record)
-    except Exception as exc:  # noqa: BLE001
-        _after_commit_failed(job, stats, "recording it in the catalog", exc)
-    if job.events is not None:
-        try:
-            job.on_phase("event")
-            _announce(job, stats, record["event_payload"])
-        except Exception as exc:  # noqa: BLE001
-            _after_commit_failed(job, stats, "announcing it", exc)
-    log.info(
-        "checkpoint step %d committed on %d node(s): %d files, %.1f MB, stall %.3f s, total %.2f s",
-        job.step,
-        job.topology.node_count,
-        len(manifest.files),
-        manifest.total_bytes / 1e6,
-        stats.stage_s,
-        stats.total_s,
-    )
-
-
-def _after_commit_failed(job: SaveJob, stats: SaveStats, doing: str, exc: Exception) -> None:
-    error = f"{doing}: {type(exc).__name__}: {exc}"
-    stats.after_commit_errors.append(error)
-    log.error(
-        "checkpoint step %d is committed, but %s failed; training continues (%s)", job.step, doing, error
-    )
-
-
-def _record_commit(job: SaveJob, stats: SaveStats, record: dict[str, Any]) -> None:
-    if job.catalog is None:
-        return
-    failures = job.catalog.failures
-    job.catalog.call("record_committed", job.run, job.step, job.save_id, **record)
-    job.catalog.call(
-        "record_parts",
-        job.run,
-        job.step,
-        [(n["node"], n["host"], n["hot_uri"], n["bytes"]) for n in record["event_payload"]["nodes"]],
-    )
-    if job.catalog.failures > failures:  # the handle logged it already; count it with the save
-        stats.after_commit_errors.append(f"catalog: {job.catalog.last_error}")
-
-
-def _announce(job: SaveJob, stats: SaveStats, payload: dict[str, Any]) -> None:
-    """Emit the staged event; mark the outbox row delivered only when the server confirmed it."""
-    event = build_event(
-        STAGED_EVENT, job.run, job.step, job.save_id, payload, related=node_resources(payload["nodes"])
-    )
-    if not job.events.post([event]):
-        stats.after_commit_errors.append(f"event not delivered: {job.events.last_error}")
-        return
-    if job.catalog is None:
-        return
-    pending = job.catalog.call("undelivered_events", 1000) or []
-    for row in pending:
-        if row.kind == STAGED_EVENT and row.run == job.run and row.step == job.step:
-            job.catalog.call("mark_delivered", row.id)
 
 
 def _ranks_text(ranks: list[int]) -> str:
