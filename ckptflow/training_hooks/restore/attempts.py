@@ -65,7 +65,7 @@ from ckptflow.training_hooks.restore.plan import (
 from ckptflow.training_hooks.restore.reader import (
     load_metadata_safely,
 )
-from ckptflow.training_hooks.restore.sources import peer_holders
+from ckptflow.training_hooks.restore.sources import own_replicas, peer_holders
 
 log = logging.getLogger("ckptflow.restore")
 
@@ -264,6 +264,7 @@ class _Reads:
     everyone: list[tuple[None, list[str], str]]  # per rank: (_, files its node must fetch, why not)
     peers: dict[int, list[tuple[str, str]]]
     tiers: list[Tier]
+    own: set[int]  # parts this node holds whole as peer replicas: copied on its own disk
 
 
 def _try_step(
@@ -349,8 +350,11 @@ def _agree_on_reads(
     locations, needs = reads.choose({p for r in topo.node_ranks for p in first[r][1]})
     manifest_crc = checksums.checksum_bytes(decided.manifest_bytes)
     peers = peer_holders(inventories, topo.hosts, ctx.peers, topo.node, step, manifest, manifest_crc)
+    own = own_replicas(mine, step, manifest, manifest_crc)
     unreachable, lost = "", False
-    uncovered = sorted(p for p in needs if (e := manifest.entry(p)) is None or e.node not in peers)
+    uncovered = sorted(
+        p for p in needs if (e := manifest.entry(p)) is None or (e.node not in peers and e.node not in own)
+    )
     if uncovered and not tiers:
         missing = uncovered[0]
         unreachable = (
@@ -366,7 +370,7 @@ def _agree_on_reads(
             exhaust=True,
             lost=any(gone for _, _, gone in blocked),
         )
-    return _Reads(live, locations, [(a, n, w) for a, n, w, _ in everyone], peers, tiers)
+    return _Reads(live, locations, [(a, n, w) for a, n, w, _ in everyone], peers, tiers, own)
 
 
 def _fetch_what_nodes_lack(
@@ -389,7 +393,7 @@ def _fetch_what_nodes_lack(
         release = lease(step, fetching) if lease is not None else None
         try:
             failed = fetch_all(
-                ctx, step, decided.manifest, node_needs, reads.peers, reads.tiers, report, attempt
+                ctx, step, decided.manifest, node_needs, reads.peers, reads.tiers, report, attempt, reads.own
             )
         finally:
             if release is not None:

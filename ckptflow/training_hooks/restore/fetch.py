@@ -21,7 +21,7 @@ from ckptflow.storage.tier import Tier, TierError
 from ckptflow.training_hooks.cluster.rounds import StoreRound, exchange
 from ckptflow.training_hooks.restore.context import RestoreContext, RestoreReport
 from ckptflow.training_hooks.restore.inventory import NodeInventory, StepHolding
-from ckptflow.training_hooks.restore.sources import PeerPartSource
+from ckptflow.training_hooks.restore.sources import OwnReplicaSource, PeerPartSource
 
 log = logging.getLogger("ckptflow.restore")
 
@@ -35,10 +35,11 @@ def fetch_all(
     tiers: list[Tier],
     report: RestoreReport,
     attempt: int,
+    own: set[int] | frozenset[int] = frozenset(),
 ) -> str:
-    """Fetch this node's missing files (split over its ranks; each part from its live peer
-    replicas, then warm, then cold), then wait for every rank through the store. "" when every
-    rank got its files, else why not."""
+    """Fetch this node's missing files (split over its ranks; each part from the replica this node
+    holds itself (``own``), its live peer replicas, then warm, then cold), then wait for every rank
+    through the store. "" when every rank got its files, else why not."""
     topo = ctx.topology
     members = topo.node_ranks
     assigned = [p for i, p in enumerate(node_needs) if members[i % len(members)] == topo.rank]
@@ -54,7 +55,10 @@ def fetch_all(
             if entry is not None:
                 by_part.setdefault(entry.node, []).append(entry)
         for part, entries in sorted(by_part.items()):
-            sources: list[Any] = [
+            sources: list[Any] = (
+                [OwnReplicaSource(ctx.run_dir, step, PartId.of(manifest, part))] if part in own else []
+            )
+            sources += [
                 PeerPartSource(ctx.peers, host, url, PartId.of(manifest, part))  # type: ignore[arg-type]
                 for host, url in peers.get(part, [])
             ]

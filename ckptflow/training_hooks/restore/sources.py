@@ -1,4 +1,5 @@
-"""Peer replicas as places restore fetches a missing part from (before warm and cold).
+"""Peer replicas as places restore fetches a missing part from (before warm and cold): another
+node's, through its peer server, or one this node holds itself, copied on its own disk.
 
 A node that lost its disk finds the newest copy of its part on a peer that is part of the job (its
 leader listed the replica in the inventory every rank exchanged) and whose agent serves it (its
@@ -9,15 +10,19 @@ fetch); a replica whose bytes do not match is quarantined on the peer and the ne
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ckptflow.peer import PartId, PeerCorrupt, PeerError
+from ckptflow.peer import PartId, PeerCorrupt, PeerError, replica_dir
 from ckptflow.policy.replication import ReplicationConfig, ReplicationSecretError
-from ckptflow.storage.manifest import FileEntry, Manifest
-from ckptflow.storage.tier import TransferResult
-from ckptflow.training_hooks.restore.inventory import NodeInventory
+from ckptflow.storage.atomic import fsync_path
+from ckptflow.storage.copy import ChecksumMismatch, copy_verified
+from ckptflow.storage.manifest import FileEntry, Manifest, safe_relative_path
+from ckptflow.storage.tier import TierError, TransferResult
+from ckptflow.training_hooks.restore.inventory import FETCH_TMP_MARK, NodeInventory
 
 log = logging.getLogger("ckptflow.restore")
 
@@ -92,6 +97,58 @@ class PeerPartSource:
         return moved
 
 
+class OwnReplicaSource:
+    """A peer replica of one part that this node itself holds (``<run dir>/peers/<part>/step-N/``),
+    copied into the step directory on the same disk, every byte checked against the manifest as it
+    is copied. After the nodes are renumbered or one is replaced, a node may need the part it kept
+    for another node: it reads it here, never through its own peer server (which may not be up yet,
+    or announced under its previous address)."""
+
+    def __init__(self, run_dir: Path, step: int, part: PartId) -> None:
+        self.directory = replica_dir(run_dir.parent, run_dir.name, step, part)
+        self.part = part
+        self.name = f"this node's replica of {part}"
+
+    def fetch_files(self, run: str, step: int, entries: list[FileEntry], directory: Path) -> TransferResult:
+        t0 = time.perf_counter()
+        moved = TransferResult(uri=str(self.directory))
+        for entry in entries:
+            final = directory / safe_relative_path(entry.path, "entry.path")
+            if final.exists():
+                continue
+            tmp = final.with_name(f".{final.name}{FETCH_TMP_MARK}{secrets.token_hex(4)}")
+            try:
+                moved.bytes += copy_verified(self.directory / entry.path, tmp, entry)
+            except ChecksumMismatch as exc:  # not this checkpoint's bytes: the next source is tried
+                raise TierError(f"{self.name} of step {step}: {exc}") from None
+            os.rename(tmp, final)
+            moved.files += 1
+        fsync_path(directory)
+        moved.seconds = time.perf_counter() - t0
+        return moved
+
+
+def own_replicas(mine: NodeInventory, step: int, manifest: Manifest, manifest_crc: str) -> set[int]:
+    """The save-time parts of this checkpoint (same manifest) that this node holds whole as peer
+    replicas."""
+    files_of = _files_of(manifest)
+    return {
+        part
+        for (held_step, part), replica in mine.replicas.items()
+        if held_step == step
+        and replica.decided == manifest_crc
+        and part in files_of
+        and all(replica.files.get(e.path) == e.size for e in files_of[part])
+    }
+
+
+def _files_of(manifest: Manifest) -> dict[int, list[FileEntry]]:
+    files_of: dict[int, list[FileEntry]] = {}
+    for entry in manifest.files:
+        files_of.setdefault(entry.node, []).append(entry)
+    return files_of
+
+
 def peer_holders(
     inventories: list[NodeInventory],
     hosts: tuple[str, ...],
@@ -107,9 +164,7 @@ def peer_holders(
     whichever part its disk kept). Parts are found by what a disk holds, never by node number."""
     if access is None:
         return {}
-    files_of: dict[int, list[FileEntry]] = {}
-    for entry in manifest.files:
-        files_of.setdefault(entry.node, []).append(entry)
+    files_of = _files_of(manifest)
     part_of = {e.path: e.node for e in manifest.files}
 
     def whole(held: dict[str, int], part: int) -> bool:
