@@ -1,13 +1,14 @@
 """``python -m ckptflow.agent --config ckptflow.yaml [--node HOST] [--peer-bind HOST[:PORT]]
-[--on-commit watch|event]``: start this node's peer server (when a replication secret is
+[--on-commit event|watch]``: start this node's peer server (when a replication secret is
 configured), delete the housekeeping runs that came due while no agent served them
-(agent/missed_runs.py), start watching this node's disk for committed parts (agent/commit_watch.py:
-each starts promote-part and replicate-part at once, agent/part_runs.py), catch up once
+(agent/missed_runs.py), with ``--on-commit watch`` start watching this node's disk for committed
+parts (agent/commit_watch.py: each starts promote-part and replicate-part at once,
+agent/part_runs.py), catch up once
 (node-housekeeping: what this node missed while no agent listened), then serve this node's
 deployments (blocks for the life of the job; stop it with SIGTERM).
 
-``--on-commit event`` keeps the older route instead: the staged event triggers the node's
-deployments through the Prefect server (seconds later; bench/replicate.py --agent-path compares)."""
+By default (``--on-commit event``) the staged event triggers the node's deployments through the
+Prefect server instead, seconds later (bench/agent_path.py compares the two routes)."""
 
 from __future__ import annotations
 
@@ -61,10 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--on-commit",
         choices=["watch", "event"],
-        default="watch",
-        help="how promote-part and replicate-part start: 'watch' (default): the agent sees its part "
-        "committed on its disk and starts them itself, within a poll interval; 'event': the staged "
-        "event triggers the deployments through the Prefect server (seconds later)",
+        default="event",
+        help="how promote-part and replicate-part start: 'event' (default): the staged event "
+        "triggers the node's deployments through the Prefect server (seconds after the commit); "
+        "'watch': the agent sees its part committed on its disk and starts them itself, within a "
+        "poll interval (the route that will become the default)",
     )
     ap.add_argument(
         "--commit-watch-interval-s", type=float, default=0.2, help="how often the disk is looked at (watch)"

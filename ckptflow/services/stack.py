@@ -239,9 +239,10 @@ def up(directory: Path, serve: bool = True, reconcile_interval_s: int = 300, age
         if agent:
             agent_pid = start_agent(directory, prefect, config, this_host())
             names.append(deployment_name(this_host()))
-        # The node agent starts its part's runs itself, watching its disk (agent/commit_watch.py):
-        # once its deployments are registered, it watches. Only the central promote has a trigger.
-        wait_for_deployments(prefect, names, triggered=[f"promote/{PROMOTE_DEPLOYMENT}"])
+        triggered = [f"promote/{PROMOTE_DEPLOYMENT}"]
+        if agent:
+            triggered.append(f"promote-part/{deployment_name(this_host())}")
+        wait_for_deployments(prefect, names, triggered=triggered)
     return Stack(directory, seaweed, prefect, pid, agent_pid)
 
 

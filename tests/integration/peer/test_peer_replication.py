@@ -70,6 +70,10 @@ class World:
 
 def _start_agent(node: Node, config: Path, stack: local_stack.Stack, work: Path) -> subprocess.Popen[bytes]:
     extra = ["--housekeeping-interval-s", "3600", "--peer-bind", f"127.0.1.{node.index + 1}:0"]
+    extra += [
+        "--on-commit",
+        "watch",
+    ]  # the agents start their part runs at the commit (the event route: test_multinode_pipeline)
     return node.start_agent(
         config, work / f"agent-{node.host}.log", local_stack.client_env(stack.prefect), extra
     )
@@ -202,7 +206,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             for node in job.nodes:
                 _start_agent(node, config, running, work)
             names = [f"node-node{k}" for k in range(NODES)]
-            # Registered once each agent watches its disk: it starts its part's runs on each commit.
+            # Registered once each agent watches its disk (--on-commit watch): it starts its part's
+            # runs on each commit, with no trigger to wait for.
             local_stack.wait_for_deployments(running.prefect, names)
             _train(job, config, results["first"], 6, running)
             replicated = _wait_replicated(body, [3, 6])

@@ -62,8 +62,8 @@ class World:
 def _start_agent(node: simulated_nodes.Node, config: Path, stack: local_stack.Stack, work: Path) -> Any:
     env = local_stack.client_env(stack.prefect)
     return node.start_agent(
-        # The staged event's route through the Prefect server (the agent's other route, watching its
-        # disk, is the default and runs in tests/integration/peer/test_peer_replication.py).
+        # The staged event's route through the Prefect server, named (the agent's other route,
+        # watching its disk, runs in tests/integration/peer/test_peer_replication.py).
         config,
         work / f"agent-{node.host}.log",
         env,

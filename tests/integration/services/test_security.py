@@ -455,12 +455,16 @@ def test_deployed_pipeline_runs_authenticated_and_no_log_or_artifact_holds_a_sec
             start_new_session=True,
         )
     try:
-        # The node's deployment exists before the job's first commit.
+        # The node's deployment (and its trigger) exists before the job's first event.
         from ckptflow.agent.node_deployments import deployment_name
         from ckptflow.pipeline.part import this_host
 
-        # Registered once the agent watches its disk for committed parts (it starts their runs).
         _wait_for_deployment(prefect_auth, deployment_name(this_host()), agent_log)
+        from ckptflow.services import stack as local_stack
+
+        # Its trigger too: registered after the deployment; a staged event in between starts nothing.
+        node = deployment_name(this_host())
+        local_stack.wait_for_deployments(prefect_auth.server, [node], triggered=[f"promote-part/{node}"])
         # The training side: a committed checkpoint, its staged event sent with the auth string.
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
