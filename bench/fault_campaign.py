@@ -414,7 +414,10 @@ class Trial:
             eio = eio and self.eio_target is not None and path.is_relative_to(self.eio_target[0].parents[2])
             lost = any(s == entry.step for s, _ in before.missing) and entry.step not in before.restorable
             superseded = entry.reason.startswith(f"superseded: step {entry.step} is being saved again")
-            resaved = superseded and resumed is not None and entry.step > resumed
+            # Saving step N again supersedes an old step N that could not be restored; one that could
+            # (the restore should have taken it) is a good checkpoint lost.
+            good = before.restorable.get(entry.step) == entry.save_id
+            resaved = superseded and resumed is not None and entry.step > resumed and not good
             if eio or lost or resaved:
                 continue
             self.violation(

@@ -160,6 +160,7 @@ class Quarantined:
     path: Path
     step: int
     reason: str
+    save_id: str | None  # from its manifest or PART.json (None: neither readable)
 
 
 def quarantined(disks: dict[str, Path], warm: Path | None) -> dict[Path, Quarantined]:
@@ -183,7 +184,9 @@ def quarantined(disks: dict[str, Path], warm: Path | None) -> dict[Path, Quarant
                 reason = (child / "QUARANTINE_REASON.txt").read_text().strip()
             except OSError:
                 reason = "(no reason file)"
-            found[child] = Quarantined(where, child, step, reason)
+            body = _read_json(child / "manifest.json") or _read_json(child / "PART.json") or {}
+            save_id = body.get("save_id") if isinstance(body.get("save_id"), str) else None
+            found[child] = Quarantined(where, child, step, reason, save_id)
     return found
 
 
