@@ -7,6 +7,15 @@ import time
 from collections.abc import Callable
 
 
+def bucket_shape(rate_bytes_per_s: float, burst_bytes: int | None) -> tuple[float, float]:
+    """(rate, burst) of a bucket: the rate checked (> 0), the burst by default 50 ms of traffic,
+    at least 64 KiB: smooth enough for a switch, few wake-ups for the senders."""
+    if not rate_bytes_per_s > 0:
+        raise ValueError(f"bandwidth_bytes_per_s must be > 0 (None = no cap), got {rate_bytes_per_s!r}")
+    rate = float(rate_bytes_per_s)
+    return rate, float(burst_bytes if burst_bytes is not None else max(64 * 1024, rate * 0.05))
+
+
 class TokenBucket:
     """At most ``rate`` bytes per second on average, with bursts of up to ``burst`` bytes.
 
@@ -22,11 +31,7 @@ class TokenBucket:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if not rate_bytes_per_s > 0:
-            raise ValueError(f"bandwidth_bytes_per_s must be > 0 (None = no cap), got {rate_bytes_per_s!r}")
-        self.rate = float(rate_bytes_per_s)
-        # 50 ms of traffic by default: smooth enough for a switch, few wake-ups for the sender.
-        self.burst = float(burst_bytes if burst_bytes is not None else max(64 * 1024, self.rate * 0.05))
+        self.rate, self.burst = bucket_shape(rate_bytes_per_s, burst_bytes)
         self._clock = clock
         self._sleep = sleep
         self._tokens = self.burst

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from ckptflow.peer.bandwidth import bucket_shape
+
 if TYPE_CHECKING:
     from ckptflow.policy.config import CkptflowConfig
 
@@ -66,11 +68,7 @@ class NodeBandwidth:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if not rate_bytes_per_s > 0:
-            raise ValueError(f"bandwidth_bytes_per_s must be > 0 (None = no cap), got {rate_bytes_per_s!r}")
-        self.rate = float(rate_bytes_per_s)
-        # 50 ms of traffic, as TokenBucket: smooth for a switch, few wake-ups for the senders.
-        self.burst = float(burst_bytes if burst_bytes is not None else max(64 * 1024, self.rate * 0.05))
+        self.rate, self.burst = bucket_shape(rate_bytes_per_s, burst_bytes)
         self.path = Path(hot_root) / BUDGET_NAME
         self._clock, self._sleep = clock, sleep
         self._boot = _boot_id()
