@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -27,6 +28,7 @@ from ckptflow.pipeline.part import part_run_name
 log = logging.getLogger("ckptflow.agent")
 
 FlowCall = Callable[..., Any]
+RECENT = 256  # runs started and failures kept for inspection
 
 
 def _default_flows(replicate: bool) -> dict[str, FlowCall]:
@@ -59,8 +61,9 @@ class PartRuns:
         self._pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="ckptflow-part-run")
         self._lock = threading.Lock()
         self._newest: dict[str, int] = {}  # run -> newest step committed on this node
-        self.started: list[tuple[str, str, int, float]] = []  # (flow, run, step, monotonic start)
-        self.failures: list[tuple[str, str, int, Exception]] = []
+        # The most recent runs only: an agent lives as long as the job (thousands of commits).
+        self.started: deque[tuple[str, str, int, float]] = deque(maxlen=RECENT)  # (flow, run, step, start)
+        self.failures: deque[tuple[str, str, int, Exception]] = deque(maxlen=RECENT)
 
     def on_commit(self, run: str, step: int) -> list[Future[Any]]:
         """Queue every part flow for (run, step); returns their futures."""
