@@ -31,11 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+from torch.distributed.checkpoint.metadata import MetadataIndex
 
 from ckptflow.storage import checksums, layout
 from ckptflow.storage.manifest import (
-    Manifest,
     UnsupportedManifestError,
     parse_manifest,
 )
@@ -44,7 +43,12 @@ from ckptflow.storage.quarantine import prune_older_than
 from ckptflow.storage.tier import Tier
 from ckptflow.training_hooks.cluster import ranks
 from ckptflow.training_hooks.restore.context import CheckpointLoadError, RestoreContext, RestoreReport
-from ckptflow.training_hooks.restore.decision import read_decision, write_back_decision
+from ckptflow.training_hooks.restore.decision import (
+    Decided,
+    adopt_undecided_parts,
+    read_decision,
+    write_back_decision,
+)
 from ckptflow.training_hooks.restore.fetch import fetch_all, note_fetched
 from ckptflow.training_hooks.restore.inventory import (
     NodeInventory,
@@ -244,18 +248,6 @@ def _discard_undecided(root: Path, step: int) -> None:
 
 
 @dataclass
-class _Decided:
-    """The step being tried, as every rank agreed on it: its decision files, verified and parsed."""
-
-    step: int
-    manifest_bytes: bytes
-    metadata_bytes: bytes
-    manifest: Manifest
-    metadata: Metadata
-    directory: Path
-
-
-@dataclass
 class _Reads:
     """What the ranks agreed each reads and fetches for a step."""
 
@@ -292,7 +284,7 @@ def _try_step(
 
 def _agree_on_decision(
     ctx: RestoreContext, step: int, inventories: list[NodeInventory], tier_steps: dict[str, list[int]]
-) -> _Decided | _Attempt:
+) -> Decided | _Attempt:
     """The step's manifest and ``.metadata``, read and verified by a rank that holds them and sent
     to every rank; damage found on the way is quarantined and the step given up."""
     topo = ctx.topology
@@ -323,13 +315,13 @@ def _agree_on_decision(
     manifest = parse_manifest(manifest_bytes, where=f"step {step} manifest")
     metadata = load_metadata_safely(metadata_bytes)
     directory = ctx.run_dir / layout.committed_name(step)
-    return _Decided(step, manifest_bytes, metadata_bytes, manifest, metadata, directory)
+    return Decided(step, manifest_bytes, metadata_bytes, manifest, metadata, directory)
 
 
 def _agree_on_reads(
     ctx: RestoreContext,
     state: dict[str, Any],
-    decided: _Decided,
+    decided: Decided,
     inventories: list[NodeInventory],
     tier_steps: dict[str, list[int]],
 ) -> _Reads | _Attempt:
@@ -338,6 +330,7 @@ def _agree_on_reads(
     then read from a file the node fetches anyway. A rank that needs a file nothing reachable holds
     makes the step unusable for all."""
     topo, step, manifest = ctx.topology, decided.step, decided.manifest
+    adopt_undecided_parts(ctx.topology, decided, inventories)
     live = template_of(state)
     plan_error = check_against_metadata(live, state, decided.metadata, decided.directory)
     mine = next((inv for inv in inventories if inv.node == topo.node), NodeInventory(topo.node))
@@ -375,7 +368,7 @@ def _agree_on_reads(
 
 def _fetch_what_nodes_lack(
     ctx: RestoreContext,
-    decided: _Decided,
+    decided: Decided,
     reads: _Reads,
     inventories: list[NodeInventory],
     report: RestoreReport,
@@ -410,7 +403,7 @@ def _fetch_what_nodes_lack(
 def _load_everywhere(
     ctx: RestoreContext,
     state: dict[str, Any],
-    decided: _Decided,
+    decided: Decided,
     reads: _Reads,
     inventories: list[NodeInventory],
     report: RestoreReport,

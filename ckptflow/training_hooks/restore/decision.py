@@ -4,8 +4,12 @@ step it lacked them for (manifest last, :func:`ckptflow.storage.publish.seal`)."
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from torch.distributed.checkpoint.metadata import Metadata
 
 from ckptflow.storage import checksums, layout
 from ckptflow.storage.layout import METADATA_NAME
@@ -18,7 +22,23 @@ from ckptflow.storage.manifest import (
 )
 from ckptflow.storage.publish import seal
 from ckptflow.storage.tier import TierError
+from ckptflow.training_hooks.cluster.nodes import Topology
 from ckptflow.training_hooks.restore.context import RestoreContext
+from ckptflow.training_hooks.restore.inventory import NodeInventory
+
+log = logging.getLogger("ckptflow.restore")
+
+
+@dataclass
+class Decided:
+    """The step being tried, as every rank agreed on it: its decision files, verified and parsed."""
+
+    step: int
+    manifest_bytes: bytes
+    metadata_bytes: bytes
+    manifest: Manifest
+    metadata: Metadata
+    directory: Path
 
 
 def read_decision(ctx: RestoreContext, step: int, node: int | None, tier_name: str | None) -> tuple[str, Any]:
@@ -76,3 +96,34 @@ def write_back_decision(directory: Path, manifest_bytes: bytes, metadata_bytes: 
     manifest = None if (directory / MANIFEST_NAME).is_file() else manifest_bytes
     if beside or manifest is not None:
         seal(directory, manifest, beside)
+
+
+def adopt_undecided_parts(topo: Topology, decided: Decided, inventories: list[NodeInventory]) -> None:
+    """A node's part of this very save (``PART.json`` names its save id) that never got the decision
+    written (the node died between committing its part and reading the decision) belongs to the
+    checkpoint: its leader writes the decision back now, before any node fetches, so its peer server
+    serves the part like any decided one; every rank marks it decided in its copy of the lists (the
+    same answer everywhere). Its bytes are verified against the manifest as they are read."""
+    step = decided.step
+    manifest_crc = checksums.checksum_bytes(decided.manifest_bytes)
+    for inv in inventories:
+        holding = inv.steps.get(step)
+        if (
+            holding is None
+            or holding.decided is not None
+            or holding.damage is not None
+            or holding.part_save_id != decided.manifest.save_id
+        ):
+            continue
+        inv.steps[step] = replace(holding, decided=manifest_crc)
+        if inv.node == topo.node and topo.is_leader:
+            try:
+                write_back_decision(decided.directory, decided.manifest_bytes, decided.metadata_bytes)
+                log.warning(
+                    "step %d: this node's part had no decision (%s); the decision found elsewhere is "
+                    "written back",
+                    step,
+                    decided.directory,
+                )
+            except OSError as exc:  # its peer server cannot serve it then: other sources are tried
+                log.error("step %d: writing the decision back to %s failed: %s", step, decided.directory, exc)

@@ -9,9 +9,11 @@ The test is the operator and alone looks at every node's disk. The launches, onc
 1. reference: train 12 steps uninterrupted.
 2. first: train to step 10, saving steps 5 and 10; nothing on warm.
 3. swapped: the same hosts and disks with their node ranks swapped (host node1 is now node 0), and
-   the catalog down (an address nothing listens on): restore must take step 10, each node fetching
-   the part its new ranks read from the other node's own disk through its peer server, set nothing
-   aside, and train on to 12 bit-identical to the reference. Before parts were found by shard
+   the catalog down (an address nothing listens on), and node1's step 10 never decided on its disk
+   (the node died after committing its part, before writing the decision): restore must take step
+   10, node1 getting the decision written back, each node fetching the part its new ranks read from
+   the other node's own disk through its peer server, set nothing aside, and train on to 12
+   bit-identical to the reference. Before parts were found by shard
    identity, this restore called step 10 unreachable, quarantined it on both nodes and, with nothing
    on warm, started from step 0.
 4. replacement: a new host that sorts first (``a-new``, an empty disk) takes node rank 0, old host
@@ -37,7 +39,8 @@ import yaml
 from ckptflow.services import simulated_nodes
 from ckptflow.services.simulated_nodes import Cluster, cluster
 from ckptflow.storage import layout
-from ckptflow.storage.manifest import read_manifest
+from ckptflow.storage.layout import METADATA_NAME
+from ckptflow.storage.manifest import MANIFEST_NAME, read_manifest
 
 pytestmark = [
     pytest.mark.slow,
@@ -116,6 +119,10 @@ def launches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launches]:
     for name in ("node0", "node1"):
         shutil.copytree(disks[name], kept / name)
 
+    # Node1 died between committing its part and writing the decision: its step-10 holds the part
+    # (PART.json) and no manifest or .metadata, while node0's holds the decision.
+    for name in (MANIFEST_NAME, METADATA_NAME):
+        (disks["node1"] / RUN / "step-10" / name).unlink()
     dead = _config(work / "dead.yaml", hot, DEAD_CATALOG, secret)
     swapped = cluster(
         "swapped", work, hot, [disks["node1"], disks["node0"]], nproc=2, hosts=["node1", "node0"]
