@@ -297,14 +297,22 @@ def _agree_on_decision(
     if source.conflict:
         return _Attempt(reason=source.conflict, exhaust=True)
     if source.node is None and source.tier is None:
-        return _Attempt(reason="no node and no tier holds its manifest with its .metadata", exhaust=True)
+        why = "no node, peer replica or tier holds its manifest with its .metadata"
+        return _Attempt(reason=why, exhaust=True)
     holder = topo.nodes[source.node][0] if source.node is not None else 0
     payload: tuple[str, Any] | None = None
     if topo.rank == holder:
-        payload = read_decision(ctx, step, source.node, source.tier)
+        payload = read_decision(ctx, step, source)
     kind, value = ranks.broadcast(payload, src=holder)
     if kind == "unsupported":
         raise UnsupportedManifestError(value)
+    if kind == "node-corrupt" and source.replica is not None:
+        # This replica cannot say what the checkpoint is: the next holder is asked (restore fetches
+        # verify every byte they take from a replica, so it is not quarantined on this word alone).
+        for inv in inventories:
+            if inv.node == source.node:
+                inv.replicas.pop((step, source.replica.part), None)
+        return _Attempt(reason=value)
     if kind == "node-corrupt":
         _quarantine_nodes(ctx, step, {source.node: value}, inventories)  # type: ignore[dict-item]
         return _Attempt(reason=value)

@@ -11,6 +11,7 @@ from typing import Any
 
 from torch.distributed.checkpoint.metadata import Metadata
 
+from ckptflow.peer.identity import PEERS_DIR, PartId
 from ckptflow.storage import checksums, layout
 from ckptflow.storage.layout import METADATA_NAME
 from ckptflow.storage.manifest import (
@@ -24,7 +25,7 @@ from ckptflow.storage.publish import seal
 from ckptflow.storage.tier import TierError
 from ckptflow.training_hooks.cluster.nodes import Topology
 from ckptflow.training_hooks.restore.context import RestoreContext
-from ckptflow.training_hooks.restore.inventory import NodeInventory
+from ckptflow.training_hooks.restore.inventory import ManifestSource, NodeInventory
 
 log = logging.getLogger("ckptflow.restore")
 
@@ -41,10 +42,14 @@ class Decided:
     directory: Path
 
 
-def read_decision(ctx: RestoreContext, step: int, node: int | None, tier_name: str | None) -> tuple[str, Any]:
-    """On the rank that holds them: the manifest and ``.metadata`` bytes of ``step``, verified."""
-    if node is not None:
+def read_decision(ctx: RestoreContext, step: int, source: ManifestSource) -> tuple[str, Any]:
+    """On the rank that holds them: the manifest and ``.metadata`` bytes of ``step``, verified, from
+    its node's ``step-N/``, a peer replica on its node, or a tier (``source``)."""
+    if source.node is not None:
         directory = ctx.run_dir / layout.committed_name(step)
+        if source.replica is not None:
+            part = PartId(source.replica.part, source.replica.nodes)
+            directory = ctx.run_dir / PEERS_DIR / part.name / layout.committed_name(step)
         try:
             manifest_bytes = (directory / MANIFEST_NAME).read_bytes()
             metadata_bytes = (directory / METADATA_NAME).read_bytes()
@@ -57,7 +62,7 @@ def read_decision(ctx: RestoreContext, step: int, node: int | None, tier_name: s
         if problem:
             return "node-corrupt", f"{directory}/{METADATA_NAME}: {problem}"
         return "ok", (manifest_bytes, metadata_bytes)
-    tier = next(t for t in ctx.fallbacks if t.name == tier_name)
+    tier = next(t for t in ctx.fallbacks if t.name == source.tier)
     try:
         manifest_bytes = tier.read_file(ctx.run, step, MANIFEST_NAME)
         manifest = parse_manifest(manifest_bytes, where=f"{tier.uri(ctx.run, step)}/{MANIFEST_NAME}")

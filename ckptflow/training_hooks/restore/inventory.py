@@ -161,13 +161,22 @@ def _damage(
     return None
 
 
+def decided_steps(inventories: list[NodeInventory], tier_steps: dict[str, list[int]]) -> set[int]:
+    """Steps whose decision is recorded somewhere: a node's ``step-N/manifest.json``, a peer replica
+    a node holds (it carries the manifest it was pushed under), or a colder tier."""
+    steps = {s for inv in inventories for s, h in inv.steps.items() if h.decided is not None}
+    steps |= {s for inv in inventories for s, _ in inv.replicas}
+    steps |= {s for listed in tier_steps.values() for s in listed}
+    return steps
+
+
 def candidates(
     inventories: list[NodeInventory], tier_steps: dict[str, list[int]], exhausted: set[int]
 ) -> list[int]:
-    """Steps with a recorded decision on some node or on some tier, newest first."""
-    steps = {s for inv in inventories for s, h in inv.steps.items() if h.decided is not None}
-    steps |= {s for listed in tier_steps.values() for s in listed}
-    return sorted(steps - exhausted, reverse=True)
+    """Steps with a recorded decision on some node, in some replica or on some tier, newest first:
+    a checkpoint whose own parts are gone (their nodes replaced, set aside) but whose replicas survive
+    is still a checkpoint."""
+    return sorted(decided_steps(inventories, tier_steps) - exhausted, reverse=True)
 
 
 @dataclass(frozen=True)
@@ -177,24 +186,34 @@ class ManifestSource:
     node: int | None  # a node that holds both, or None: a tier
     tier: str | None
     conflict: str | None = None  # two nodes hold different decided manifests
+    replica: ReplicaHolding | None = None  # node ``node`` holds them in this peer replica
 
 
 def manifest_holder(
     inventories: list[NodeInventory], tier_steps: dict[str, list[int]], step: int
 ) -> ManifestSource:
-    """The lowest node holding step's decided manifest and ``.metadata``; else the first tier."""
-    decided = {
-        inv.node: inv.steps[step].decided
-        for inv in inventories
-        if step in inv.steps and inv.steps[step].decided is not None
-    }
+    """The lowest node holding step's decided manifest and ``.metadata`` in its ``step-N/``; else
+    the lowest holding them in a peer replica (every replica carries both); else the first tier.
+    Nodes whose ``step-N/`` hold different manifests are a conflict; so are replicas that disagree
+    when no node holds the step's decision itself (which of them is the checkpoint is unknowable)."""
+    ordered = sorted(inventories, key=lambda i: i.node)
+    decided = {inv.node: h.decided for inv in ordered if (h := inv.steps.get(step)) and h.decided}
     if len(set(decided.values())) > 1:
         detail = ", ".join(f"node {n}: {crc}" for n, crc in sorted(decided.items()))
         return ManifestSource(None, None, f"nodes hold different manifests for step {step} ({detail})")
-    for inv in sorted(inventories, key=lambda i: i.node):
+    for inv in ordered:
         holding = inv.steps.get(step)
         if holding is not None and holding.decided is not None and ".metadata" in holding.files:
             return ManifestSource(inv.node, None)
+    replicas = [(inv.node, r) for inv in ordered for (s, _), r in sorted(inv.replicas.items()) if s == step]
+    whole = [(node, r) for node, r in replicas if ".metadata" in r.files]
+    if not decided and len({r.decided for _, r in whole}) > 1:
+        detail = ", ".join(f"node {n} part {r.part}: {r.decided}" for n, r in whole)
+        why = f"peer replicas hold different manifests for step {step} ({detail})"
+        return ManifestSource(None, None, why)
+    for node, replica in whole:
+        if not decided or replica.decided in decided.values():
+            return ManifestSource(node, None, replica=replica)
     for tier, listed in tier_steps.items():
         if step in listed:
             return ManifestSource(None, tier)
@@ -206,8 +225,7 @@ def undecided_parts(
 ) -> list[int]:
     """Steps node ``node`` holds without a decision while no node and no tier has one: parts of
     attempts that never got decided (a crash mid-save). Their node removes them."""
-    decided = {s for inv in inventories for s, h in inv.steps.items() if h.decided is not None}
-    decided |= {s for listed in tier_steps.values() for s in listed}
+    decided = decided_steps(inventories, tier_steps)
     mine = next((inv for inv in inventories if inv.node == node), None)
     if mine is None:
         return []

@@ -20,6 +20,7 @@ from ckptflow.peer import PartId, PeerCorrupt, PeerError, replica_dir
 from ckptflow.policy.replication import ReplicationConfig, ReplicationSecretError
 from ckptflow.storage.atomic import fsync_path
 from ckptflow.storage.copy import ChecksumMismatch, copy_verified
+from ckptflow.storage.layout import METADATA_NAME
 from ckptflow.storage.manifest import FileEntry, Manifest, safe_relative_path
 from ckptflow.storage.tier import TierError, TransferResult
 from ckptflow.training_hooks.restore.inventory import FETCH_TMP_MARK, NodeInventory
@@ -143,9 +144,13 @@ def own_replicas(mine: NodeInventory, step: int, manifest: Manifest, manifest_cr
 
 
 def _files_of(manifest: Manifest) -> dict[int, list[FileEntry]]:
+    """The data files of each save-time part. ``.metadata`` (listed under node 0) is left out: every
+    rank has it from the agreed decision, and a node holds it only once the decision is written, so
+    a part committed but never decided there is whole without it."""
     files_of: dict[int, list[FileEntry]] = {}
     for entry in manifest.files:
-        files_of.setdefault(entry.node, []).append(entry)
+        if entry.path != METADATA_NAME:
+            files_of.setdefault(entry.node, []).append(entry)
     return files_of
 
 

@@ -19,6 +19,10 @@ The test is the operator and alone looks at every node's disk. The launches, onc
 4. replacement: a new host that sorts first (``a-new``, an empty disk) takes node rank 0, old host
    node0 (its disk holding part 0) is node 1, and node1's disk is gone; warm holds step 10. Restore
    takes step 10: part 0 from node0's own disk through its peer server, part 1 from warm.
+5. replicas: two fresh disks, each with its own step 5 and, of step 10, only the other node's part as
+   a peer replica; nothing on warm. Step 10 survives only in replicas: restore takes it (its
+   decision from a replica), each node fetching its part from the replica the other node holds.
+   Before replicas counted as a record of the decision, this restore started from step 5.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from typing import Any
 import pytest
 import yaml
 
+from ckptflow.peer import PartId, replica_dir
+from ckptflow.peer.identity import replica_entries
 from ckptflow.services import simulated_nodes
 from ckptflow.services.simulated_nodes import Cluster, cluster
 from ckptflow.storage import layout
@@ -106,8 +112,12 @@ def launches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launches]:
     secret.write_text("renumbered-nodes-test-secret-0123456789")
     os.chmod(secret, 0o600)
     catalog = f"sqlite:///{work / 'catalog.db'}"
-    disks = {name: work / f"disk-{name}" for name in ("ref0", "ref1", "node0", "node1", "new")}
-    out = {name: work / f"out-{name}" for name in ("reference", "first", "swapped", "replacement")}
+    disks = {
+        name: work / f"disk-{name}" for name in ("ref0", "ref1", "node0", "node1", "new", "rep0", "rep1")
+    }
+    out = {
+        name: work / f"out-{name}" for name in ("reference", "first", "swapped", "replacement", "replicas")
+    }
     plain = _config(work / "plain.yaml", hot, catalog, secret)
 
     reference = cluster("reference", work, hot, [disks["ref0"], disks["ref1"]], nproc=2)
@@ -138,6 +148,20 @@ def launches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launches]:
         "replacement", work, hot, [disks["new"], disks["node0"]], nproc=2, hosts=["a-new", "node0"]
     )
     _run(replacement, with_warm, out["replacement"], ["--steps", "12"], peers=True, hot=hot)
+
+    # Replicas only: each disk keeps its own step 5 and, of step 10, only the other node's part as a
+    # peer replica (what a replica holds: that part's files, .metadata, the manifest).
+    for k, (name, other) in enumerate((("rep0", "node1"), ("rep1", "node0"))):
+        step10 = kept / other / RUN / "step-10"
+        manifest = read_manifest(step10)
+        replica = replica_dir(disks[name], RUN, 10, PartId(1 - k, 2))
+        replica.mkdir(parents=True)
+        for entry in replica_entries(manifest, 1 - k):
+            shutil.copy2(step10 / entry.path, replica / entry.path)
+        shutil.copy2(step10 / MANIFEST_NAME, replica / MANIFEST_NAME)
+        shutil.copytree(kept / f"node{k}" / RUN / "step-5", disks[name] / RUN / "step-5")
+    replicas = cluster("replicas", work, hot, [disks["rep0"], disks["rep1"]], nproc=2)
+    _run(replicas, plain, out["replicas"], ["--steps", "12"], peers=True, hot=hot)
     yield Launches(disks, out, warm)
 
 
@@ -188,3 +212,13 @@ def test_a_replacement_host_that_sorts_first_gets_part_0_from_a_peer_and_part_1_
     assert _quarantined(launches.disks["node0"]) == []
     # Written back: the new host holds what its ranks read; node0 holds its own part and part 1.
     assert (launches.disks["new"] / RUN / "step-10").is_dir()
+
+
+def test_a_checkpoint_that_survives_only_in_peer_replicas_is_restored(launches: Launches) -> None:
+    reference, restored = launches.results("reference"), launches.results("replicas")
+    assert [r["start"] for r in restored] == [10, 10, 10, 10], [r["rejected"] for r in restored]
+    for got, ref in zip(restored, reference, strict=True):
+        assert got["params"] == ref["params"] and got["exp_avg_sq"] == ref["exp_avg_sq"]
+    assert set(_fetched(restored[:2])) == {"peer node1"} and set(_fetched(restored[2:])) == {"peer node0"}
+    for name in ("rep0", "rep1"):  # each node holds its part again, decided
+        assert read_manifest(launches.disks[name] / RUN / "step-10").step == 10
