@@ -4,7 +4,7 @@ from the newest checkpoint whose bytes survive anywhere, with its catalog agreei
 end bit-identical to a run without faults.
 
     .venv/bin/python bench/fault_campaign.py [--trials 100] [--seed 0] [--nodes 2|3] [--quick]
-        [--only-trial I] [--out DIR] [--keep] [--max-seconds S]
+        [--only-trial I | --first-trial I] [--out DIR] [--keep] [--max-seconds S]
 
 A trial (bench/fault_campaign_plan.py draws it from ``random.Random(seed + i)``: ``--only-trial i``
 replays it alone) boots 2-3 simulated nodes (mount namespaces, each with its own disk at one hot path
@@ -481,6 +481,9 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, choices=(2, 3), default=None, help="default: drawn per trial")
     ap.add_argument("--quick", action="store_true", help="the CI set: 4 trials, every fault kind")
     ap.add_argument("--only-trial", type=int, default=None, help="run trial I alone (as in the full run)")
+    ap.add_argument(
+        "--first-trial", type=int, default=0, help="start at trial I (the rest of a campaign cut short)"
+    )
     ap.add_argument("--out", default=None, help="where trials run; a violation's logs stay there")
     ap.add_argument("--cache", default=None, help="reference runs (default: <out>/references)")
     ap.add_argument("--keep", action="store_true", help="keep every trial's directory")
@@ -504,7 +507,7 @@ def main() -> int:
     # What ckptflow logs in this process (the pipeline's steps between launches) goes to a file.
     logging.basicConfig(level=logging.INFO, filename=out / "campaign.log", force=True)
     count = 4 if args.quick else args.trials
-    indices = [args.only_trial] if args.only_trial is not None else list(range(count))
+    indices = [args.only_trial] if args.only_trial is not None else list(range(args.first_trial, count))
     print(f"fault campaign: seed {args.seed}, {len(indices)} trial(s), out {out}", flush=True)
     t0 = time.monotonic()
     results: list[TrialResult] = []
