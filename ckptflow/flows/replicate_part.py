@@ -42,7 +42,7 @@ def push_to_peers(config_path: str, run: str, step: int, host: str) -> list[dict
         catalog.dispose()
     return [
         {"part": c.part, "peer": c.peer, "files": c.files, "bytes": c.bytes, "seconds": round(c.seconds, 3),
-         "pruned": c.pruned or [], "superseded_by": c.superseded_by or []}
+         "pruned": c.pruned or [], "superseded_by": c.superseded_by or [], "superseded": c.superseded}
         for c in copies
     ]  # fmt: skip
 

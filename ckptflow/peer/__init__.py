@@ -62,6 +62,7 @@ from ckptflow.peer.errors import (
     PeerError,
     PeerMissing,
     PeerRefused,
+    PeerSuperseded,
     PeerUnavailable,
 )
 from ckptflow.peer.identity import PartId, peers_root, replica_dir, replica_entries, replica_root
@@ -91,6 +92,7 @@ __all__ = [
     "PeerCorrupt",
     "PeerError",
     "PeerMissing",
+    "PeerSuperseded",
     "PeerRefused",
     "PeerSecret",
     "PeerUnavailable",

@@ -30,6 +30,11 @@ class PeerRefused(PeerError):
         self.status = status
 
 
+class PeerSuperseded(PeerRefused):
+    """The peer holds a newer decision of the step (HTTP 410): the checkpoint pushed was saved again
+    since (:mod:`ckptflow.peer.decision_order`). Nothing is wrong; nothing needs sending."""
+
+
 class PeerMissing(PeerRefused):
     """The peer holds no copy of what was asked for (HTTP 404)."""
 

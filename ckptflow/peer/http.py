@@ -21,7 +21,14 @@ from urllib.parse import quote
 import httpx
 
 from ckptflow.peer.auth import NOT_BEFORE_HEADER, PeerSecret, as_secret, authorization, signed_time
-from ckptflow.peer.errors import PeerAuthError, PeerError, PeerMissing, PeerRefused, PeerUnavailable
+from ckptflow.peer.errors import (
+    PeerAuthError,
+    PeerError,
+    PeerMissing,
+    PeerRefused,
+    PeerSuperseded,
+    PeerUnavailable,
+)
 from ckptflow.peer.identity import PartId
 from ckptflow.storage.manifest import safe_relative_path
 from ckptflow.storage.run_names import check_run_name
@@ -141,6 +148,8 @@ class PeerConnection:
             return PeerAuthError(message)
         if response.status_code == 404:
             return PeerMissing(message, 404)
+        if response.status_code == 410:
+            return PeerSuperseded(message, 410)
         return PeerRefused(message, response.status_code)
 
     def request(

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckptflow.peer.auth import printable
+from ckptflow.peer.decision_order import describe, supersedes
 from ckptflow.peer.errors import Refused
 from ckptflow.peer.identity import (
     PEERS_DIR,
@@ -144,18 +145,40 @@ class ReplicaStore:
         return replica_root(self.hot_root, run, part) / layout.partial_name(step, f"recv-{mid}")
 
     def _committed_same(self, final: Path, manifest_bytes: bytes) -> bool:
+        """True if ``final`` holds this very replica, False if nothing or an older decision of the
+        step (:mod:`.decision_order`: the incoming one replaces it at commit); ``Refused`` (410) if
+        it holds a newer decision: the push is of a superseded checkpoint."""
+        held = self._held_manifest(final)
+        if held is None or held == manifest_bytes:
+            return held is not None
+        incoming_manifest = parse_manifest(manifest_bytes, where="the manifest sent")
         try:
-            held = (final / MANIFEST_NAME).read_bytes()
-        except FileNotFoundError:
+            held_manifest = parse_manifest(held, where=str(final / MANIFEST_NAME))
+        except ManifestError:
+            return False  # an unreadable replica is no decision: the push replaces it
+        if supersedes(incoming_manifest, held_manifest):
             return False
-        if held != manifest_bytes:
-            raise Refused(
-                409,
-                f"this node already holds a different checkpoint as {final.parent.name}/{final.name} "
-                "(manifest differs); refusing to overwrite a committed replica. If the step was saved "
-                "again (a run resumed from an older step), delete the stale replica first (delete_replica)",
-            )
-        return True
+        raise Refused(
+            410,
+            f"superseded: this node holds {final.parent.name}/{final.name} of another decision of step "
+            f"{incoming_manifest.step} ({describe(held_manifest)}), newer than the one pushed "
+            f"({describe(incoming_manifest)}); the pushed checkpoint was saved again since and needs no copy",
+        )
+
+    @staticmethod
+    def _held_manifest(final: Path) -> bytes | None:
+        try:
+            return (final / MANIFEST_NAME).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _replace_superseded(self, final: Path) -> None:
+        """Set aside the replica of an older decision at ``final`` just before the newer one is
+        published there (under the replica's lock): manifest first, so a reader never takes the old
+        files for the new checkpoint; a crash in between leaves no replica, never a mixed one."""
+        if self._held_manifest(final) is not None:
+            retire(final, manifest_first=True, strict=False)
+            log.warning("peer replica %s: an older decision of the step is replaced by a newer one", final)
 
     # --- receiving ----------------------------------------------------------------------------
 
@@ -267,6 +290,7 @@ class ReplicaStore:
             # The files are durable (the receiver fsynced each); their subdirectories' entries next.
             subdirs = {(partial / e.path).parent for e in entries} - {partial}
             deepest_first = sorted(subdirs, key=lambda p: -len(p.parts))
+            self._replace_superseded(final)
             published = publish(
                 partial,
                 final,

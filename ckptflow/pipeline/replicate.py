@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptflow.catalog import Catalog, ReplicaState
-from ckptflow.peer import PartId, PeerError, PeerSecret, peers_for, replica_dir
+from ckptflow.peer import PartId, PeerError, PeerSecret, PeerSuperseded, peers_for, replica_dir
 from ckptflow.peer.client import PeerClient
 from ckptflow.peer.node_budget import Pacer, node_budget
 from ckptflow.pipeline.part import NodeHolding
@@ -44,6 +44,7 @@ class PeerCopy:
     seconds: float = 0.0
     pruned: list[int] | None = None  # older steps of this part removed from the peer
     superseded_by: list[int] | None = None  # not sent: the peer holds these newer steps of the part
+    superseded: str | None = None  # not sent: the peer holds a newer decision of this very step
     error: str | None = None
 
 
@@ -96,7 +97,10 @@ def replicate(
                 )
                 continue
             _push(copy, holding, secret, repl.timeout_s, repl.retries, bucket)
-            if copy.superseded_by:
+            if copy.superseded:
+                log.info("part %d of %s step %d not sent to %s: %s", part, manifest.run, manifest.step, peer,
+                         copy.superseded)  # fmt: skip
+            elif copy.superseded_by:
                 log.info(
                     "part %d of %s step %d not sent to %s: it holds the newer steps %s, and would prune "
                     "this one at once",
@@ -149,6 +153,8 @@ def _push(
             pushed = client.push_part(holding.directory, manifest, copy.part, bucket=bucket)
             copy.files, copy.bytes = pushed.files_sent, pushed.bytes_sent
             copy.pruned = _prune(client, manifest.run, part_id, held + [manifest.step])
+    except PeerSuperseded as exc:  # saved again since: the peer keeps the newer decision
+        copy.superseded = str(exc)
     except PeerError as exc:
         copy.error = f"{type(exc).__name__}: {exc}"
     finally:

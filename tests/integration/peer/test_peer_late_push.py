@@ -6,6 +6,8 @@ node 0's and the peer's hot roots are separate directories, and node 0 reads onl
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,10 +16,19 @@ import yaml
 from peer_parts import RUN, SECRET, make_checkpoint
 
 from ckptflow.catalog import Catalog, ReplicaState
-from ckptflow.peer import PartId, PeerClient, PeerSecret, PeerServer, replica_dir
+from ckptflow.peer import (
+    PartId,
+    PeerClient,
+    PeerSecret,
+    PeerServer,
+    PeerSuperseded,
+    replica_dir,
+    replica_entries,
+)
 from ckptflow.pipeline.part import node_holding
 from ckptflow.pipeline.replicate import replicate
 from ckptflow.policy.config import load_config
+from ckptflow.storage.manifest import Manifest, read_manifest
 from ckptflow.storage.posix_tier import PosixTier
 
 
@@ -88,3 +99,47 @@ def test_a_late_push_is_skipped_where_the_peer_holds_newer_copies_and_resent_whe
     assert again.pruned == []
     assert replica_dir(world["peer"], RUN, 1, part).is_dir()
     assert _peer_copy_state(world, 1) == ReplicaState.READY
+
+
+def _decision(world: dict, step: int, save_id: str, created_at: str):
+    """Node 0's step-N now holds this decision of the step (its earlier one gone with a restart)."""
+    ckpt = make_checkpoint(nodes=2, files_per_node=1, size=64 << 10, step=step)
+    ckpt.manifest = dataclasses.replace(ckpt.manifest, save_id=save_id, created_at=created_at)
+    shutil.rmtree(world["own"] / RUN / f"step-{step}", ignore_errors=True)
+    ckpt.write_node(world["own"], 0)
+    return ckpt
+
+
+def _peer_manifest(world: dict, step: int) -> Manifest:
+    return read_manifest(replica_dir(world["peer"], RUN, step, PartId(0, 2)))
+
+
+def test_a_newer_decision_of_a_step_replaces_the_replica_and_a_superseded_push_is_refused_not_failed(world):
+    """The demo's sequence: node 1 lost with step 50, the run resumed from 40 and saved 50 again.
+    The peer held node 0's part of the old step 50 (pushed late, after the restart): the new step
+    50's replica was refused (409, "manifest differs") and its replicate-part run failed."""
+    world["catalog"].record_writing(RUN, 50, "old-50", 2)
+    _decision(world, 50, "old-50", "2026-12-03T10:00:00Z")
+    first = _replicate(world, 50)
+    assert first.error is None and first.files > 0
+    assert _peer_manifest(world, 50).save_id == "old-50"
+
+    new = _decision(world, 50, "new-50", "2026-12-03T10:09:30Z")
+    replaced = _replicate(world, 50)
+    assert (replaced.error, replaced.superseded) == (None, None) and replaced.files > 0
+    assert _peer_manifest(world, 50) == new.manifest
+    part_dir = replica_dir(world["peer"], RUN, 50, PartId(0, 2))
+    for entry in replica_entries(new.manifest, 0):  # the new decision's bytes, whole
+        assert (part_dir / entry.path).read_bytes() == new.data[entry.path]
+
+    # The old decision's push comes late (an agent run from before the restart): refused as
+    # superseded, which is no failure; the peer keeps the new replica.
+    _decision(world, 50, "old-50", "2026-12-03T10:00:00Z")
+    late = _replicate(world, 50)
+    assert late.error is None and late.files == 0
+    assert late.superseded is not None and "superseded" in late.superseded and "new-50" in late.superseded
+    assert _peer_manifest(world, 50) == new.manifest
+    with pytest.raises(PeerSuperseded) as refused:
+        with PeerClient(world["catalog"].peer_endpoints()["host-1"], PeerSecret(SECRET)) as client:
+            client.push_part(world["own"] / RUN / "step-50", read_manifest(world["own"] / RUN / "step-50"), 0)
+    assert refused.value.status == 410
