@@ -7,10 +7,15 @@ in the UI and logged here), named ``<flow>/<host>/<run>/step-<N>`` and tagged ``
 they do not pay is the round trip that used to start them: the staged event through the server's
 automation to a flow run the agent picks up on its next poll, in a new process (seconds each).
 
-At most ``limit`` runs at once (a node's NIC, disk and cores are shared with training); the rest
-wait in order. A replication still waiting when a newer step of the same run is committed is
-dropped (it would be pruned on the peer the moment the newer one lands, and the newer one is on its
-way); promotions all run, the tier's retention decides what stays.
+Each flow has its own lane of threads (``limit`` shared out, at least one each: a node's NIC, disk
+and cores are shared with training), so a slow copy to warm never delays the push to a peer that
+protects the newest checkpoint against the node's loss, nor the other way round. A run still waiting
+in its lane when the same run commits again on this node (a newer step, or, after a restore from an
+older step, a lower one: the order of commits decides, not the step numbers) is dropped: a replication
+would be pruned on the peer the moment the newer one lands, and a promotion that waits would only
+make every later one wait too (when the runs cannot keep up with the saves, the newest is the one
+that matters); the promotion is not lost, it is deferred: reconcile promotes every live checkpoint
+the first colder tier lacks (:mod:`ckptflow.pipeline.reconcile`).
 """
 
 from __future__ import annotations
@@ -58,29 +63,42 @@ class PartRuns:
         self.config_path = config_path
         self.host = host
         self._flows = flows if flows is not None else _default_flows(replicate)
-        self._pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="ckptflow-part-run")
+        share = max(1, limit // max(1, len(self._flows)))
+        self._lanes = {
+            name: ThreadPoolExecutor(max_workers=share, thread_name_prefix=f"ckptflow-{name}")
+            for name in self._flows
+        }
         self._lock = threading.Lock()
-        self._newest: dict[str, int] = {}  # run -> newest step committed on this node
+        self._commits = 0  # commits reported so far: their order
+        self._latest: dict[str, tuple[int, int]] = {}  # run -> (order, step) of its latest commit here
         # The most recent runs only: an agent lives as long as the job (thousands of commits).
         self.started: deque[tuple[str, str, int, float]] = deque(maxlen=RECENT)  # (flow, run, step, start)
         self.failures: deque[tuple[str, str, int, Exception]] = deque(maxlen=RECENT)
+        self.dropped: deque[tuple[str, str, int, int]] = deque(maxlen=RECENT)  # (flow, run, step, newer)
 
     def on_commit(self, run: str, step: int) -> list[Future[Any]]:
         """Queue every part flow for (run, step); returns their futures."""
         committed_at = time.monotonic()
         with self._lock:
-            self._newest[run] = max(step, self._newest.get(run, step))
-        return [self._pool.submit(self._run, name, run, step, committed_at) for name in self._flows]
+            self._commits += 1
+            self._latest[run] = (self._commits, step)
+            seq = self._commits
+        return [
+            lane.submit(self._run, name, run, step, seq, committed_at) for name, lane in self._lanes.items()
+        ]
 
-    def _run(self, name: str, run: str, step: int, committed_at: float) -> Any:
-        if name == "replicate-part":
+    def _run(self, name: str, run: str, step: int, seq: int, committed_at: float) -> Any:
+        with self._lock:
+            latest, newest = self._latest.get(run, (seq, step))
+        # Newer by commit order, not by step number: after a restore from an older step the run
+        # commits lower numbers than the ones it lost, and those are its newest checkpoints.
+        if latest > seq:
+            then = "reconcile promotes it" if name == "promote-part" else "the newer one goes instead"
+            log.info("%s %s step %d: dropped before it started, step %d was committed after it; %s", name,
+                     run, step, newest, then)  # fmt: skip
             with self._lock:
-                newest = self._newest.get(run, step)
-            if newest > step:
-                log.info(
-                    "%s step %d: replication dropped before it started, step %d is newer", run, step, newest
-                )
-                return None
+                self.dropped.append((name, run, step, newest))
+            return None
         started = time.monotonic()
         with self._lock:
             self.started.append((name, run, step, started))
@@ -114,4 +132,5 @@ class PartRuns:
 
     def close(self, wait: bool = True) -> None:
         """Stop taking commits; with ``wait``, let the runs already started finish."""
-        self._pool.shutdown(wait=wait, cancel_futures=True)
+        for lane in self._lanes.values():
+            lane.shutdown(wait=wait, cancel_futures=True)

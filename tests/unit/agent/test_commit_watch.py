@@ -124,7 +124,7 @@ def test_each_commit_starts_every_part_flow_of_the_node_with_its_parameters() ->
     )
 
 
-def test_a_waiting_replication_of_an_older_step_is_dropped_promotions_all_run() -> None:
+def test_each_flow_has_its_own_lane_and_a_run_still_waiting_when_a_newer_commit_comes_is_dropped() -> None:
     gate = threading.Event()
     done: list[tuple[str, int]] = []
 
@@ -136,15 +136,40 @@ def test_a_waiting_replication_of_an_older_step_is_dropped_promotions_all_run() 
         done.append(("replicate", kw["step"]))  # type: ignore[arg-type]
 
     runs = PartRuns(
-        "c.yaml", "n", replicate=True, limit=1, flows={"promote-part": promote, "replicate-part": replicate}
+        "c.yaml", "n", replicate=True, limit=2, flows={"promote-part": promote, "replicate-part": replicate}
     )
-    first = runs.on_commit("llm", 1)  # promote 1 holds the only slot; replicate 1 waits
-    second = runs.on_commit("llm", 2)
+    first = runs.on_commit("llm", 1)  # promote 1 holds the promote lane; replicate 1 runs in its own
+    first[1].result(timeout=30)
+    second = runs.on_commit("llm", 2)  # promote 2 waits behind promote 1; replicate 2 runs
+    second[1].result(timeout=30)
+    third = runs.on_commit("llm", 3)
     gate.set()
-    for f in [*first, *second]:
+    for f in [*first, *second, *third]:
         f.result(timeout=30)
     runs.close()
-    assert done == [("promote", 1), ("promote", 2), ("replicate", 2)]
+    # The replication of every step ran at once, not behind a blocked promotion; promote 2 was
+    # still waiting when step 3 was committed: dropped (deferred to reconcile), promote 3 ran.
+    assert [d for d in done if d[0] == "replicate"] == [("replicate", 1), ("replicate", 2), ("replicate", 3)]
+    assert [d for d in done if d[0] == "promote"] == [("promote", 1), ("promote", 3)]
+    assert [(d[0], d[2], d[3]) for d in runs.dropped] == [("promote-part", 2, 3)]
+
+
+def test_after_a_restore_from_an_older_step_the_lower_steps_committed_next_are_the_newest() -> None:
+    gate = threading.Event()
+    done: list[int] = []
+
+    def replicate(**kw: object) -> None:
+        gate.wait(10)
+        done.append(kw["step"])  # type: ignore[arg-type]
+
+    runs = PartRuns("c.yaml", "n", replicate=True, limit=1, flows={"replicate-part": replicate})
+    held = runs.on_commit("llm", 50)  # running; then the node is lost and the job resumes from 40
+    waiting = runs.on_commit("llm", 45)
+    gate.set()
+    for f in [*held, *waiting]:
+        f.result(timeout=30)
+    runs.close()
+    assert done == [50, 45] and list(runs.dropped) == []  # 45 is not "older" than 50: it came after
 
 
 def test_a_failed_flow_is_logged_and_kept_and_the_next_still_runs(caplog: pytest.LogCaptureFixture) -> None:
