@@ -169,11 +169,10 @@ def two_node_lifecycle(
         from ckptflow.agent.node_deployments import deployment_name
         from ckptflow.services import stack as local_stack
 
+        # Served once each agent watches its disk: it starts its part's promote-part and
+        # replicate-part runs itself at each commit (no trigger on the node deployments).
         names = [deployment_name(n.host) for n in nodes.job.nodes]
-        flows = ("promote-part", "replicate-part")  # started by each checkpoint's staged event
-        local_stack.wait_for_deployments(
-            stack.prefect, names, triggered=[f"{f}/{n}" for f in flows for n in names]
-        )
+        local_stack.wait_for_deployments(stack.prefect, names)
         hosts = ", ".join(n.host for n in nodes.job.nodes)
         print(f"    {hosts} up; their disks: {', '.join(map(str, nodes.disks))}")
 

@@ -16,12 +16,13 @@ serves this node's hot root to its peers (:class:`ckptflow.peer.PeerServer`, on
 ``replication.bind_host:port`` or ``--peer-bind``) and registers the address in the catalog, where
 pushers and restores look it up by host name.
 
-Both part flows are triggered by every ``ckptflow.checkpoint.staged`` event that names this host as
-one of its nodes (the event carries one related resource per node; the trigger's ``match_related``
-picks this host's), seconds after the commit. With ``--on-commit watch`` they start the moment the
-node's part is committed on its disk instead: the agent watches its hot root
-(:mod:`ckptflow.agent.commit_watch`) and runs them itself, as flow runs in its own process
-(:mod:`ckptflow.agent.part_runs`), with no round trip through the Prefect server first.
+Both part flows start the moment the node's part is committed on its disk (``--on-commit watch``,
+the default): the agent watches its hot root (:mod:`ckptflow.agent.commit_watch`) and runs them
+itself, as flow runs in its own process (:mod:`ckptflow.agent.part_runs`), with no round trip
+through the Prefect server first. With ``--on-commit event`` they are triggered instead by every
+``ckptflow.checkpoint.staged`` event that names this host as one of its nodes (the event carries one
+related resource per node; the trigger's ``match_related`` picks this host's), seconds after the
+commit.
 
 Routing choice (see ../shared/MULTINODE.md §5): one deployment per node, served by that node's agent
 (``serve``), matching the node in the event's related resources. No work-pool queue naming, no

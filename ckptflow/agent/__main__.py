@@ -1,14 +1,15 @@
 """``python -m ckptflow.agent --config ckptflow.yaml [--node HOST] [--peer-bind HOST[:PORT]]
-[--on-commit event|watch]``: start this node's peer server (when a replication secret is
+[--on-commit watch|event]``: start this node's peer server (when a replication secret is
 configured), delete the housekeeping runs that came due while no agent served them
-(agent/missed_runs.py), with ``--on-commit watch`` start watching this node's disk for committed
-parts (agent/commit_watch.py: each starts promote-part and replicate-part at once,
-agent/part_runs.py), catch up once
-(node-housekeeping: what this node missed while no agent listened), then serve this node's
-deployments (blocks for the life of the job; stop it with SIGTERM).
+(agent/missed_runs.py), start watching this node's disk for committed parts (``--on-commit watch``,
+the default: agent/commit_watch.py; each commit starts promote-part and replicate-part at once in
+this process, agent/part_runs.py), catch up once (node-housekeeping: what this node missed while no
+agent listened), then serve this node's deployments (blocks for the life of the job; stop it with
+SIGTERM).
 
-By default (``--on-commit event``) the staged event triggers the node's deployments through the
-Prefect server instead, seconds later (bench/agent_path.py compares the two routes)."""
+With ``--on-commit event`` the staged event triggers the node's deployments through the Prefect
+server instead, seconds later (bench/agent_path.py compares the two routes); the deployments exist
+either way (runnable by hand from the UI)."""
 
 from __future__ import annotations
 
@@ -62,11 +63,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--on-commit",
         choices=["watch", "event"],
-        default="event",
-        help="how promote-part and replicate-part start: 'event' (default): the staged event "
-        "triggers the node's deployments through the Prefect server (seconds after the commit); "
-        "'watch': the agent sees its part committed on its disk and starts them itself, within a "
-        "poll interval (the route that will become the default)",
+        default="watch",
+        help="how promote-part and replicate-part start: 'watch' (default): the agent sees its part "
+        "committed on its disk and starts them itself, within a poll interval; 'event': the staged "
+        "event triggers the node's deployments through the Prefect server (seconds after the commit)",
     )
     ap.add_argument(
         "--commit-watch-interval-s", type=float, default=0.2, help="how often the disk is looked at (watch)"

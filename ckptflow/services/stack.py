@@ -155,8 +155,11 @@ def start_serving(
 
 def start_agent(directory: Path, prefect: PrefectServer, config_path: Path, node: str) -> int:
     """Start this machine's node agent (``python -m ckptflow.agent``) in the background: the local
-    stack is one node, whose hot root is ``<dir>/hot``."""
-    argv = ["ckptflow.agent", "--config", str(config_path), "--node", node]
+    stack is one node, whose hot root is ``<dir>/hot``. It takes the staged event's route
+    (``--on-commit event``): the stack is where that route (event -> automation -> the node's
+    deployment) is exercised end to end; the simulated nodes of ``make demo`` and the multi-node
+    tests run the default route (the agent watches its disk)."""
+    argv = ["ckptflow.agent", "--config", str(config_path), "--node", node, "--on-commit", "event"]
     argv += ["--poll-interval-s", str(LOCAL_POLL_INTERVAL_S)]
     return _start_background(directory, prefect, AGENT_STATE, "agent.log", argv)
 

@@ -459,12 +459,10 @@ def test_deployed_pipeline_runs_authenticated_and_no_log_or_artifact_holds_a_sec
         from ckptflow.agent.node_deployments import deployment_name
         from ckptflow.pipeline.part import this_host
 
+        # Served once the agent watches its disk (the default route: it starts promote-part itself
+        # at the commit, a flow run reported to the authenticated server; its published event
+        # then triggers the promote deployment).
         _wait_for_deployment(prefect_auth, deployment_name(this_host()), agent_log)
-        from ckptflow.services import stack as local_stack
-
-        # Its trigger too: registered after the deployment; a staged event in between starts nothing.
-        node = deployment_name(this_host())
-        local_stack.wait_for_deployments(prefect_auth.server, [node], triggered=[f"promote-part/{node}"])
         # The training side: a committed checkpoint, its staged event sent with the auth string.
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
