@@ -5,7 +5,9 @@ They are the same Prefect flows the node's deployments serve, called in a thread
 each is a flow run in the Prefect server with its task runs, logs and final state (a failure is red
 in the UI and logged here), named ``<flow>/<host>/<run>/step-<N>`` and tagged ``node:<host>``. What
 they do not pay is the round trip that used to start them: the staged event through the server's
-automation to a flow run the agent picks up on its next poll, in a new process (seconds each).
+automation to a flow run the agent picks up on its next poll, in a new process (seconds each). The
+push itself starts at the commit, ahead of its flow run's bookkeeping (:mod:`ckptflow.pipeline.ahead`:
+the run, created meanwhile, takes its result), so the replica lands within the push's own time.
 
 Each flow has its own lane of threads (``limit`` shared out, at least one each: a node's NIC, disk
 and cores are shared with training), so a slow copy to warm never delays the push to a peer that
@@ -28,12 +30,19 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from ckptflow.pipeline import ahead
 from ckptflow.pipeline.part import part_run_name
 
 log = logging.getLogger("ckptflow.agent")
 
 FlowCall = Callable[..., Any]
 RECENT = 256  # runs started and failures kept for inspection
+
+
+def _default_ahead(flows: dict[str, FlowCall]) -> dict[str, FlowCall]:
+    from ckptflow.pipeline.replicate import replicate_node_part  # noqa: PLC0415
+
+    return {"replicate-part": replicate_node_part} if "replicate-part" in flows else {}
 
 
 def _default_flows(replicate: bool) -> dict[str, FlowCall]:
@@ -57,13 +66,19 @@ class PartRuns:
         replicate: bool,
         limit: int = 4,
         flows: dict[str, FlowCall] | None = None,
+        ahead_work: dict[str, FlowCall] | None = None,
     ) -> None:
         if limit < 1:
             raise ValueError(f"--limit must be at least 1 flow run at once, got {limit}")
         self.config_path = config_path
         self.host = host
         self._flows = flows if flows is not None else _default_flows(replicate)
+        # Work started at the commit, ahead of its flow run (pipeline/ahead.py): the push.
+        if ahead_work is None:
+            ahead_work = {} if flows is not None else _default_ahead(self._flows)
+        self._ahead = ahead_work
         share = max(1, limit // max(1, len(self._flows)))
+        self._ahead_pool = ThreadPoolExecutor(max_workers=share, thread_name_prefix="ckptflow-ahead")
         self._lanes = {
             name: ThreadPoolExecutor(max_workers=share, thread_name_prefix=f"ckptflow-{name}")
             for name in self._flows
@@ -110,15 +125,37 @@ class PartRuns:
             self.host,
             started - committed_at,
         )
+        key = (name, run, step, self.host)
+        if name in self._ahead:
+            work = self._ahead[name]
+            ahead.start(self._ahead_pool, key, lambda: work(self.config_path, run, step, self.host))
         try:
             return self._call(name, run, step)
         except Exception as exc:  # noqa: BLE001 - the flow run is Failed in Prefect; said here too
-            with self._lock:
-                self.failures.append((name, run, step, exc))
-            log.error(
-                "%s %s step %d on %s failed: %s: %s", name, run, step, self.host, type(exc).__name__, exc
-            )
+            self._failed(name, run, step, exc)
             return None
+        finally:
+            self._untaken(key)
+
+    def _untaken(self, key: ahead.Key) -> None:
+        """Work started ahead that no flow run took (its creation failed: the Prefect server is
+        down): it still ran; its failure is reported here, its result logged."""
+        untaken = ahead.forget(key)
+        if untaken is None:
+            return
+        name, run, step, _ = key
+        try:
+            result = untaken.result()
+        except Exception as exc:  # noqa: BLE001 - reported like a failed flow run
+            self._failed(name, run, step, exc)
+        else:
+            log.warning("%s %s step %d on %s: done without its flow run: %s", name, run, step, self.host,
+                        result)  # fmt: skip
+
+    def _failed(self, name: str, run: str, step: int, exc: Exception) -> None:
+        with self._lock:
+            self.failures.append((name, run, step, exc))
+        log.error("%s %s step %d on %s failed: %s: %s", name, run, step, self.host, type(exc).__name__, exc)
 
     def _call(self, name: str, run: str, step: int) -> Any:
         flow = self._flows[name]
@@ -134,3 +171,4 @@ class PartRuns:
         """Stop taking commits; with ``wait``, let the runs already started finish."""
         for lane in self._lanes.values():
             lane.shutdown(wait=wait, cancel_futures=True)
+        self._ahead_pool.shutdown(wait=wait, cancel_futures=True)

@@ -17,11 +17,10 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from ckptflow.catalog import Catalog
 from ckptflow.flows.pinned import pinned_path
 from ckptflow.flows.results import in_memory_result
-from ckptflow.peer import PeerSecret
 from ckptflow.pipeline import replicate as replication_ops
+from ckptflow.pipeline.ahead import take as take_ahead
 from ckptflow.pipeline.part import NotOnThisNode, node_holding, this_host
 from ckptflow.pipeline.rows import RowAction
 from ckptflow.pipeline.tiers import load
@@ -31,20 +30,12 @@ from ckptflow.storage.run_names import check_run_name
 @task(name="push-to-peers", cache_policy=NO_CACHE)
 def push_to_peers(config_path: str, run: str, step: int, host: str) -> list[dict[str, Any]]:
     """One task for the node's whole share (a push resumes by itself; per-file tasks would only add
-    orchestration): the copies made, as rows."""
-    config, tiers = load(config_path)
-    holding = node_holding(tiers["hot"], run, step)  # type: ignore[arg-type]
-    secret = PeerSecret.from_config(config.replication)
-    catalog = Catalog.open(config.catalog)
-    try:
-        copies = replication_ops.replicate(config, catalog, holding, host, secret)
-    finally:
-        catalog.dispose()
-    return [
-        {"part": c.part, "peer": c.peer, "files": c.files, "bytes": c.bytes, "seconds": round(c.seconds, 3),
-         "pruned": c.pruned or [], "superseded_by": c.superseded_by or [], "superseded": c.superseded}
-        for c in copies
-    ]  # fmt: skip
+    orchestration): the copies made, as rows. When the node's agent started the push at the commit,
+    ahead of this run (:mod:`ckptflow.pipeline.ahead`), its result (or its failure) is this task's."""
+    ahead = take_ahead(("replicate-part", run, step, host))
+    if ahead is not None:
+        return ahead.result()
+    return replication_ops.replicate_node_part(config_path, run, step, host)
 
 
 @flow(name="replicate-part", log_prints=False, **in_memory_result())

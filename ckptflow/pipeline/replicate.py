@@ -14,12 +14,14 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ckptflow.catalog import Catalog, ReplicaState
 from ckptflow.peer import PartId, PeerError, PeerSecret, PeerSuperseded, peers_for, replica_dir
 from ckptflow.peer.client import PeerClient
 from ckptflow.peer.node_budget import Pacer, node_budget
-from ckptflow.pipeline.part import NodeHolding
+from ckptflow.pipeline.part import NodeHolding, node_holding
+from ckptflow.pipeline.tiers import load
 from ckptflow.policy.config import CkptflowConfig
 from ckptflow.storage.manifest import Manifest
 
@@ -128,6 +130,24 @@ def replicate(
             + "; ".join(f"part {c.part} -> {c.peer}: {c.error}" for c in failed)
         )
     return copies
+
+
+def replicate_node_part(config_path: str, run: str, step: int, host: str) -> list[dict[str, Any]]:
+    """:func:`replicate` for this node's part of (run, step), from the config file: the copies
+    made, as rows (what replicate-part's task returns)."""
+    config, tiers = load(config_path)
+    holding = node_holding(tiers["hot"], run, step)  # type: ignore[arg-type]
+    secret = PeerSecret.from_config(config.replication)
+    catalog = Catalog.open(config.catalog)
+    try:
+        copies = replicate(config, catalog, holding, host, secret)
+    finally:
+        catalog.dispose()
+    return [
+        {"part": c.part, "peer": c.peer, "files": c.files, "bytes": c.bytes, "seconds": round(c.seconds, 3),
+         "pruned": c.pruned or [], "superseded_by": c.superseded_by or [], "superseded": c.superseded}
+        for c in copies
+    ]  # fmt: skip
 
 
 def _push(

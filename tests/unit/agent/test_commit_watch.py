@@ -185,3 +185,52 @@ def test_a_failed_flow_is_logged_and_kept_and_the_next_still_runs(caplog: pytest
     assert "warm is read-only" in caplog.text
     assert [s[2] for s in runs.started] == [1, 2]
     assert all(s[3] <= time.monotonic() for s in runs.started)
+
+
+def test_the_push_starts_at_the_commit_and_its_flow_run_takes_the_result() -> None:
+    from ckptflow.pipeline import ahead
+
+    times: dict[str, float] = {}
+
+    def push(config_path: str, run: str, step: int, host: str) -> list[str]:
+        times["push"] = time.monotonic()
+        return [f"{run}/{step} from {host}"]
+
+    def flow(**kw: object) -> list[str]:
+        time.sleep(0.5)  # the flow run's bookkeeping on a busy Prefect server
+        times["flow"] = time.monotonic()
+        taken = ahead.take(("replicate-part", kw["run"], kw["step"], kw["node"]))  # type: ignore[arg-type]
+        assert taken is not None
+        return taken.result()
+
+    runs = PartRuns(
+        "c.yaml", "n", replicate=True, flows={"replicate-part": flow}, ahead_work={"replicate-part": push}
+    )
+    (future,) = runs.on_commit("llm", 7)
+    assert future.result(timeout=30) == ["llm/7 from n"]
+    runs.close()
+    assert times["push"] < times["flow"] - 0.3  # the push did not wait for the bookkeeping
+    assert list(runs.failures) == []
+
+
+def test_work_started_ahead_that_no_flow_run_took_still_ran_and_its_failure_is_reported() -> None:
+    pushed: list[int] = []
+
+    def push(config_path: str, run: str, step: int, host: str) -> None:
+        pushed.append(step)
+        if step == 2:
+            raise OSError("peer disk full")
+
+    def flow(**kw: object) -> None:
+        raise ConnectionError("Prefect server unreachable")  # the flow run could not be created
+
+    runs = PartRuns(
+        "c.yaml", "n", replicate=True, flows={"replicate-part": flow}, ahead_work={"replicate-part": push}
+    )
+    for step in (1, 2):
+        (future,) = runs.on_commit("llm", step)
+        future.result(timeout=30)
+    runs.close()
+    assert pushed == [1, 2]
+    failures = [(f[2], type(f[3]).__name__) for f in runs.failures]
+    assert failures == [(1, "ConnectionError"), (2, "ConnectionError"), (2, "OSError")]
