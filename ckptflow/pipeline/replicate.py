@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckptflow.catalog import Catalog, ReplicaState
+from ckptflow.catalog import RESTORE_FETCH, Catalog, ReplicaState
+from ckptflow.catalog.models import utcnow
 from ckptflow.peer import PartId, PeerError, PeerSecret, PeerSuperseded, peers_for, replica_dir
 from ckptflow.peer.client import PeerClient
 from ckptflow.peer.node_budget import Pacer, node_budget
@@ -98,7 +100,9 @@ def replicate(
                     "on that node (it registers its peer server at start)?"
                 )
                 continue
-            _push(copy, holding, secret, repl.timeout_s, repl.retries, bucket)
+            _push(
+                copy, holding, secret, repl.timeout_s, repl.retries, bucket, _fetching(catalog, manifest.run)
+            )
             if copy.superseded:
                 log.info("part %d of %s step %d not sent to %s: %s", part, manifest.run, manifest.step, peer,
                          copy.superseded)  # fmt: skip
@@ -157,9 +161,11 @@ def _push(
     timeout_s: float,
     retries: int,
     bucket: Pacer | None,
+    fetching: Callable[[int], bool] = lambda _step: False,
 ) -> None:
     """Push the part to the peer, unless the peer already holds ``KEEP_STEPS`` newer steps of it (a
-    late run: the copy would be pruned the moment it arrived); then prune the peer's older ones."""
+    late run: the copy would be pruned the moment it arrived); then prune the peer's older ones,
+    except those a restore is fetching now (``fetching``: a live restore-fetch lease)."""
     manifest = holding.manifest
     part_id = PartId.of(manifest, copy.part)
     started = time.perf_counter()
@@ -172,7 +178,7 @@ def _push(
                 return
             pushed = client.push_part(holding.directory, manifest, copy.part, bucket=bucket)
             copy.files, copy.bytes = pushed.files_sent, pushed.bytes_sent
-            copy.pruned = _prune(client, manifest.run, part_id, held + [manifest.step])
+            copy.pruned = _prune(client, manifest.run, part_id, held + [manifest.step], fetching)
     except PeerSuperseded as exc:  # saved again since: the peer keeps the newer decision
         copy.superseded = str(exc)
     except PeerError as exc:
@@ -189,11 +195,38 @@ def _peer_steps(client: PeerClient, run: str, part_id: PartId) -> list[int]:
     )
 
 
-def _prune(client: PeerClient, run: str, part_id: PartId, held: list[int]) -> list[int]:
+def _fetching(catalog: Catalog, run: str) -> Callable[[int], bool]:
+    """Whether a restore holds a live fetch lease on a step of ``run`` now (it may be reading a
+    peer's replica of it: pruning that replica would fail the restore half-way)."""
+
+    def fetching(step: int) -> bool:
+        try:
+            rows = catalog.leases(run, step, live_at=utcnow())
+        except Exception as exc:  # noqa: BLE001 - not knowing is not "nobody fetches": keep it
+            log.warning(
+                "catalog: restore-fetch leases of %s step %d unknown (%s); not pruned", run, step, exc
+            )
+            return True
+        return any(r.purpose == RESTORE_FETCH for r in rows)
+
+    return fetching
+
+
+def _prune(
+    client: PeerClient,
+    run: str,
+    part_id: PartId,
+    held: list[int],
+    fetching: Callable[[int], bool] = lambda _step: False,
+) -> list[int]:
     """Remove the peer's copies of ``part_id`` older than its newest ``KEEP_STEPS`` (``held``: the
-    steps it holds, from :func:`_peer_steps`, and the one just sent)."""
+    steps it holds, from :func:`_peer_steps`, and the one just sent), except those a restore is
+    fetching (the next push prunes them)."""
     pruned = []
     for step in sorted(set(held), reverse=True)[KEEP_STEPS:]:
+        if fetching(step):
+            log.info("%s: replica of step %d on the peer kept: a restore is fetching it", part_id, step)
+            continue
         if client.delete_replica(run, step, part_id):
             pruned.append(step)
     return pruned

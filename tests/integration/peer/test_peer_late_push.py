@@ -15,7 +15,7 @@ import pytest
 import yaml
 from peer_parts import RUN, SECRET, make_checkpoint
 
-from ckptflow.catalog import Catalog, ReplicaState
+from ckptflow.catalog import RESTORE_FETCH, Catalog, ReplicaState
 from ckptflow.peer import (
     PartId,
     PeerClient,
@@ -143,3 +143,21 @@ def test_a_newer_decision_of_a_step_replaces_the_replica_and_a_superseded_push_i
         with PeerClient(world["catalog"].peer_endpoints()["host-1"], PeerSecret(SECRET)) as client:
             client.push_part(world["own"] / RUN / "step-50", read_manifest(world["own"] / RUN / "step-50"), 0)
     assert refused.value.status == 410
+
+
+def test_a_replica_a_restore_is_fetching_is_not_pruned_until_the_lease_is_gone(world):
+    for step in (1, 2):
+        _save(world, step)
+        assert _replicate(world, step).error is None
+    catalog = world["catalog"]
+    grant = catalog.acquire_lease(
+        RUN, 1, "hot", "host-2", holder="restore-fetch by rank 0", purpose=RESTORE_FETCH, ttl_s=300.0
+    )
+    _save(world, 3)
+    kept = _replicate(world, 3)
+    assert kept.error is None and kept.pruned == []  # step 1 would go: a restore reads it
+    assert replica_dir(world["peer"], RUN, 1, PartId(0, 2)).is_dir()
+    catalog.release_leases([grant.token])
+    _save(world, 4)
+    assert sorted(_replicate(world, 4).pruned) == [1, 2]
+    assert not replica_dir(world["peer"], RUN, 1, PartId(0, 2)).exists()
