@@ -119,6 +119,10 @@ class CoordinationStore:
         for key in keys:
             self._call(f"delete {key}", self._store.delete_key, key)
 
+    def delete_if_present(self, key: str) -> bool:
+        """Delete ``key``; whether it existed."""
+        return bool(self._call(f"delete {key}", self._store.delete_key, key))
+
     def wait(self, keys: Sequence[str], timeout_s: float) -> bool:
         """Wait until every key exists; False if ``timeout_s`` passed first (the store still
         answers), StoreUnavailable if the store is gone."""

@@ -18,7 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckptflow.training_hooks.cluster.coord_store import CoordinationStore
+from ckptflow.training_hooks.cluster.coord_store import CoordinationStore, StoreUnavailable
+from ckptflow.training_hooks.cluster.large_values import chunk_key, join, marker_of, split
+
+CHUNKS_WAIT_S = 60.0  # a reader of a marker waits this long for the chunks a live writer posts
 
 
 @dataclass(frozen=True)
@@ -32,20 +35,69 @@ class StoreRound:
         return self.prefix + name
 
     def post(self, name: str, body: Any) -> None:
-        """Post ``body`` (JSON-serializable) under ``name``."""
-        self.store.set(self.key(name), json.dumps(body).encode())
+        """Post ``body`` (JSON-serializable) under ``name`` (in chunks behind a marker when it is
+        larger than one store value may be: :mod:`.large_values`)."""
+        key, data = self.key(name), json.dumps(body).encode()
+        parts = split(data)
+        if parts is None:
+            self.store.set(key, data)
+            return
+        marker, chunks = parts
+        for index, chunk in enumerate(chunks):
+            self.store.set(chunk_key(key, index), chunk)
+        self.store.set(key, marker.to_bytes())  # last: a reader of the marker finds every chunk
 
     def decide(self, name: str, body: Any) -> Any:
         """Post ``body`` under ``name`` unless someone posted there first; return the body that
         holds (first writer wins, atomically): every participant that decides, or reads, acts on
-        the same answer."""
-        return json.loads(self.store.set_if_absent(self.key(name), json.dumps(body).encode()))
+        the same answer. A large body's marker is what the writers race for; the winner then posts
+        the chunks, which readers of the marker wait for (bounded)."""
+        key, data = self.key(name), json.dumps(body).encode()
+        parts = split(data)
+        if parts is None:
+            held = self.store.set_if_absent(key, data)
+            return body if held == data else self._held(key, held)
+        marker, chunks = parts
+        held = self.store.set_if_absent(key, marker.to_bytes())
+        if held != marker.to_bytes():
+            return self._held(key, held)
+        for index, chunk in enumerate(chunks):
+            self.store.set(chunk_key(key, index), chunk)
+        return body
+
+    def _held(self, key: str, value: bytes) -> Any:
+        """The body another writer decided (``value``: what the key holds)."""
+        resolved = self._resolve(key, value)
+        if resolved is None:  # deleted: only the last participant deletes, after every decision
+            raise StoreUnavailable(f"{key}: the round was deleted while this participant decided")
+        return json.loads(resolved)
 
     def read_if_present(self, name: str) -> Any | None:
         """The body under ``name``, or None if none is (yet, or any more) posted: one atomic read,
         so a round deleted meanwhile never turns into a wait for a key that will not come."""
-        value = self.store.get_if_present(self.key(name))
-        return None if value is None else json.loads(value)
+        key = self.key(name)
+        value = self.store.get_if_present(key)
+        resolved = None if value is None else self._resolve(key, value)
+        return None if resolved is None else json.loads(resolved)
+
+    def _resolve(self, key: str, value: bytes) -> bytes | None:
+        """``value`` itself, or, if it is a marker, the body its chunks make (waiting up to
+        :data:`CHUNKS_WAIT_S` for a writer still posting them); None if the round was deleted
+        meanwhile; :class:`StoreUnavailable` if the chunks never came or do not verify."""
+        marker = marker_of(value)
+        if marker is None:
+            return value
+        keys = [chunk_key(key, i) for i in range(marker.count)]
+        if not self.store.wait(keys, CHUNKS_WAIT_S):
+            if self.store.get_if_present(key) is None:
+                return None
+            raise StoreUnavailable(
+                f"{key}: its {marker.count} chunks did not all arrive in {CHUNKS_WAIT_S:g} s"
+            )
+        try:
+            return join(marker, self.store.multi_get(keys), key)
+        except ValueError as exc:
+            raise StoreUnavailable(str(exc)) from None
 
     def await_one(self, name: str, timeout_s: float) -> Any | None:
         """The body under ``name`` once posted, or None if it was not within ``timeout_s`` (or the
@@ -68,12 +120,23 @@ class StoreRound:
         missing = set(self.missing_after(names, timeout_s))
         present = [n for n in names if n not in missing]
         values = self.store.multi_get([self.key(n) for n in present])
-        bodies = {n: json.loads(v) for n, v in zip(present, values, strict=True)}
+        bodies: dict[str, Any] = {}
+        for name, value in zip(present, values, strict=True):
+            resolved = self._resolve(self.key(name), value)
+            if resolved is None:
+                missing.add(name)
+            else:
+                bodies[name] = json.loads(resolved)
         return bodies, [n for n in names if n in missing]
 
     def forget(self, names: Sequence[str]) -> None:
-        """Delete the keys of ``names`` (a missing key is no error)."""
-        self.store.delete([self.key(n) for n in names])
+        """Delete the keys of ``names`` and any chunks of theirs (a missing key is no error)."""
+        keys = [self.key(n) for n in names]
+        self.store.delete(keys)
+        for key in keys:  # one delete each when there are none: far cheaper than reading the marker
+            index = 0
+            while self.store.delete_if_present(chunk_key(key, index)):
+                index += 1
 
     def leave(self, participants: int, names: Sequence[str], counter: str = "read") -> bool:
         """Count this participant out; the last of ``participants`` to leave deletes ``names`` and

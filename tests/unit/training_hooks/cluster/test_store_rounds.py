@@ -77,3 +77,49 @@ def test_a_rank_that_does_not_post_in_time_is_named_not_waited_for(port: int) ->
 
 def test_a_single_rank_exchanges_with_nobody() -> None:
     assert exchange(StoreRound(None, PREFIX), 0, 1, {"ok": True}, 1.0, "fetching") == [{"ok": True}]  # type: ignore[arg-type]
+
+
+def _big(tag: str, mib: int = 11) -> dict:
+    """A body over the TCPStore server's 8 MiB value limit (a decision at ~64 ranks x 1,000 items)."""
+    return {"tag": tag, "manifest": tag * ((mib << 20) // len(tag))}
+
+
+def test_a_body_over_the_stores_value_limit_is_posted_read_and_gathered_whole(port: int) -> None:
+    writer, reader = StoreRound(client(port), PREFIX), StoreRound(client(port), PREFIX)
+    body = _big("m")
+    writer.post("decision", body)
+    assert reader.read_if_present("decision") == body
+    assert reader.await_one("decision", 5.0) == body
+    writer.post("part/1", {"small": 1})
+    bodies, missing = reader.gather(["decision", "part/1"], 5.0)
+    assert bodies == {"decision": body, "part/1": {"small": 1}} and missing == []
+
+
+def test_of_two_large_decisions_the_first_wins_for_both_writers(port: int) -> None:
+    rounds = [StoreRound(client(port), PREFIX) for _ in range(2)]
+    held: list = [None, None]
+
+    def decide(k: int) -> None:
+        held[k] = rounds[k].decide("decision", _big(f"writer{k}", mib=9))
+
+    threads = [threading.Thread(target=decide, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert held[0] == held[1] and held[0]["tag"] in ("writer0", "writer1")
+    assert rounds[0].read_if_present("decision") == held[0]
+    # A small decision (a leader's "abandoned") against a large one already there: the large holds.
+    assert rounds[1].decide("decision", {"outcome": "abandoned"}) == held[0]
+
+
+def test_forgetting_a_large_body_deletes_its_chunks_too(port: int) -> None:
+    store = client(port)
+    round_ = StoreRound(store, PREFIX)
+    before = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=20)).num_keys()
+    round_.post("decision", _big("m"))
+    round_.post("rank/1", {"ok": True})
+    round_.forget(["decision", "rank/1"])
+    after = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=20)).num_keys()
+    assert after == before
+    assert round_.read_if_present("decision") is None
