@@ -8,13 +8,14 @@ lost and replaced along the way.
    deployments served (promote warm -> cold on every "published" event; reconcile, scrub, retention
    and the recovery drill on schedules). A running stack from ``--keep-up`` is reused.
 2. Two nodes: Linux mount namespaces, each with its own directory mounted at the config's hot root
-   (node-local NVMe: the same path, different disks), each running ``ckptflow agent`` (its own
-   promote-part and replicate-part deployments, and a peer server for the other node). Without
+   (node-local NVMe: the same path, different disks), each running ``ckptflow agent`` (it watches
+   its disk and starts its part's promote-part and replicate-part runs at each commit, and serves
+   its part to the other node from a peer server). Without
    root, an unprivileged user namespace does the same.
 3. A reference run of examples/train_tiny.py on both nodes (one rank each), uninterrupted and without
    the pipeline: the ground truth.
-4. The same training with the pipeline: every commit's staged event makes each node's agent copy its
-   part to warm and to the other node's disk (peer replication); the node that completes warm
+4. The same training with the pipeline: at every commit each node's agent copies its part to warm
+   and to the other node's disk (peer replication); the node that completes warm
    publishes it and the pipeline copies it to cold. Node 1 dies in the middle of a background save
    and is replaced by a machine with an empty disk; the job restarts from the newest checkpoint
    whose parts survive (node 1's from node 0's replica, else from warm), node 1 writes its part
@@ -243,9 +244,9 @@ def two_node_lifecycle(
         killed_at = happened["node 1 lost during a background save at step"]
         steps = list(range(SAVE_EVERY, args.steps + 1, SAVE_EVERY))
         superseded = [s for s in steps if resumed < s <= killed_at]
-        # Up to two housekeeping intervals (300 s each): the checkpoint the job resumed from reaches
-        # warm only once the replacement node, which fetched its part back from its peer, promotes
-        # it, which its housekeeping does (its staged event fired before the node was replaced).
+        # The checkpoint the job resumed from reaches warm once the replacement node, which fetched
+        # its part back from its peer, promotes it: its agent sees the part appear on its disk (or,
+        # if a newer commit came first, its housekeeping or reconcile does it: up to 600 s).
         promoted = wait_promoted(config, run, steps, timeout_s=600)
         print(
             f"    {len(steps)} checkpoints promoted to warm and cold (or skipped on cold by the policy) "
