@@ -124,34 +124,36 @@ def test_each_commit_starts_every_part_flow_of_the_node_with_its_parameters() ->
     )
 
 
-def test_each_flow_has_its_own_lane_and_a_run_still_waiting_when_a_newer_commit_comes_is_dropped() -> None:
+def test_each_flow_has_its_own_lane_a_waiting_replication_is_dropped_promotions_all_run() -> None:
     gate = threading.Event()
     done: list[tuple[str, int]] = []
+    replicating = threading.Event()
 
     def promote(**kw: object) -> None:
         gate.wait(10)
         done.append(("promote", kw["step"]))  # type: ignore[arg-type]
 
     def replicate(**kw: object) -> None:
+        if kw["step"] == 1:
+            replicating.set()
+            gate.wait(10)
         done.append(("replicate", kw["step"]))  # type: ignore[arg-type]
 
     runs = PartRuns(
         "c.yaml", "n", replicate=True, limit=2, flows={"promote-part": promote, "replicate-part": replicate}
     )
-    first = runs.on_commit("llm", 1)  # promote 1 holds the promote lane; replicate 1 runs in its own
-    first[1].result(timeout=30)
-    second = runs.on_commit("llm", 2)  # promote 2 waits behind promote 1; replicate 2 runs
-    second[1].result(timeout=30)
+    first = runs.on_commit("llm", 1)  # promote 1 holds the promote lane, replicate 1 its own lane
+    assert replicating.wait(10)  # the push did not wait behind the blocked promotion
+    second = runs.on_commit("llm", 2)  # both wait behind step 1's runs
     third = runs.on_commit("llm", 3)
     gate.set()
     for f in [*first, *second, *third]:
         f.result(timeout=30)
     runs.close()
-    # The replication of every step ran at once, not behind a blocked promotion; promote 2 was
-    # still waiting when step 3 was committed: dropped (deferred to reconcile), promote 3 ran.
-    assert [d for d in done if d[0] == "replicate"] == [("replicate", 1), ("replicate", 2), ("replicate", 3)]
-    assert [d for d in done if d[0] == "promote"] == [("promote", 1), ("promote", 3)]
-    assert [(d[0], d[2], d[3]) for d in runs.dropped] == [("promote-part", 2, 3)]
+    # Replication of step 2 was still waiting when step 3 was committed: dropped. Every promotion ran.
+    assert [d for d in done if d[0] == "replicate"] == [("replicate", 1), ("replicate", 3)]
+    assert [d for d in done if d[0] == "promote"] == [("promote", 1), ("promote", 2), ("promote", 3)]
+    assert [(d[0], d[2], d[3]) for d in runs.dropped] == [("replicate-part", 2, 3)]
 
 
 def test_after_a_restore_from_an_older_step_the_lower_steps_committed_next_are_the_newest() -> None:
