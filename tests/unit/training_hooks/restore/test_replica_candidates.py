@@ -28,6 +28,25 @@ from ckptflow.training_hooks.restore.sources import PeerAccess, peer_holders
 
 RUN = "rep"
 
+DATA, METADATA = b"x" * 10, b"meta!"
+
+
+def _two_nodes(step: int) -> Manifest:
+    """A 2-node checkpoint of ``step`` (save id ``s<step>``): one 10-byte file per node, .metadata
+    under node 0."""
+    return Manifest(
+        run=RUN,
+        step=step,
+        world_size=2,
+        save_id=f"s{step}",
+        files=(
+            FileEntry("__0_0.distcp", len(DATA), checksums.checksum_bytes(DATA), 0, 0),
+            FileEntry("__1_0.distcp", len(DATA), checksums.checksum_bytes(DATA), 1, 1),
+            FileEntry(METADATA_NAME, len(METADATA), checksums.checksum_bytes(METADATA), 0, 0),
+        ),
+        nodes=(NodePart(0, "a", (0,)), NodePart(1, "b", (1,))),
+    )
+
 
 def _replica(node: int, step: int, part: int, decided: str, metadata: bool = True) -> NodeInventory:
     files = {"__0_0.distcp": 10, **({METADATA_NAME: 5} if metadata else {})}
@@ -66,19 +85,8 @@ def test_replicas_of_two_decisions_of_one_step_are_a_conflict() -> None:
 
 def test_the_decision_files_are_read_verified_from_the_replica_on_this_nodes_disk(tmp_path: Path) -> None:
     hot = tmp_path / "hot"
-    data, metadata = b"x" * 10, b"meta!"
-    manifest = Manifest(
-        run=RUN,
-        step=8,
-        world_size=2,
-        save_id="s8",
-        files=(
-            FileEntry("__0_0.distcp", 10, checksums.checksum_bytes(data), 0, 0),
-            FileEntry("__1_0.distcp", 10, checksums.checksum_bytes(data), 1, 1),
-            FileEntry(METADATA_NAME, len(metadata), checksums.checksum_bytes(metadata), 0, 0),
-        ),
-        nodes=(NodePart(0, "a", (0,)), NodePart(1, "b", (1,))),
-    )
+    data, metadata = DATA, METADATA
+    manifest = _two_nodes(8)
     directory = replica_dir(hot, RUN, 8, PartId(0, 2))
     directory.mkdir(parents=True)
     (directory / "__0_0.distcp").write_bytes(data)
@@ -99,19 +107,7 @@ def test_a_part_committed_but_never_decided_on_its_node_is_offered_once_adopted(
     """Fault campaign trial 41 (seed 0): the coordinator's node died writing the decision, the node
     ranks were swapped, and its part 0 (which lists ``.metadata`` under node 0) was never offered:
     the undecided directory lacks ``.metadata``, which every rank has from the decision anyway."""
-    data = b"x" * 10
-    manifest = Manifest(
-        run=RUN,
-        step=4,
-        world_size=2,
-        save_id="s4",
-        files=(
-            FileEntry("__0_0.distcp", 10, checksums.checksum_bytes(data), 0, 0),
-            FileEntry("__1_0.distcp", 10, checksums.checksum_bytes(data), 1, 1),
-            FileEntry(METADATA_NAME, 5, checksums.checksum_bytes(b"meta!"), 0, 0),
-        ),
-        nodes=(NodePart(0, "a", (0,)), NodePart(1, "b", (1,))),
-    )
+    manifest = _two_nodes(4)
     crc = checksums.checksum_bytes(manifest.to_json())
     inventories = [
         NodeInventory(0, steps={4: StepHolding(4, crc, {"__1_0.distcp": 10, METADATA_NAME: 5})}),
@@ -119,7 +115,7 @@ def test_a_part_committed_but_never_decided_on_its_node_is_offered_once_adopted(
     ]
     access = PeerAccess("secret", {"a": "http://a", "b": "http://b"})
     assert peer_holders(inventories, ("a", "b"), access, 0, 4, manifest, crc) == {}  # undecided: not yet
-    decided = Decided(4, manifest.to_json(), b"meta!", manifest, Metadata({}), Path("/nonexistent/step-4"))
+    decided = Decided(4, manifest.to_json(), METADATA, manifest, Metadata({}), Path("/nonexistent/step-4"))
     adopt_undecided_parts(Topology(0, 2, ((0,), (1,)), ("a", "b")), decided, inventories)
     assert peer_holders(inventories, ("a", "b"), access, 0, 4, manifest, crc) == {0: [("b", "http://b")]}
     # Another save's undecided part of the same step is not this checkpoint's.
