@@ -22,6 +22,7 @@ from ckptflow.training_hooks.cluster.coord_store import CoordinationStore, Store
 from ckptflow.training_hooks.cluster.large_values import chunk_key, join, marker_of, split
 
 CHUNKS_WAIT_S = 60.0  # a reader of a marker waits this long for the chunks a live writer posts
+CHUNKED = "chunked"  # a counter of the round's bodies posted in chunks: absent in almost every round
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,15 @@ class StoreRound:
             self.store.set(key, data)
             return
         marker, chunks = parts
+        self._post_chunks(key, chunks)
+        self.store.set(key, marker.to_bytes())  # last: a reader of the marker finds every chunk
+
+    def _post_chunks(self, key: str, chunks: list[bytes]) -> None:
+        """Post a large body's chunks, counted first (:meth:`forget` looks for chunks only in a
+        round that has some)."""
+        self.store.add(self.key(CHUNKED), 1)
         for index, chunk in enumerate(chunks):
             self.store.set(chunk_key(key, index), chunk)
-        self.store.set(key, marker.to_bytes())  # last: a reader of the marker finds every chunk
 
     def decide(self, name: str, body: Any) -> Any:
         """Post ``body`` under ``name`` unless someone posted there first; return the body that
@@ -61,8 +68,7 @@ class StoreRound:
         held = self.store.set_if_absent(key, marker.to_bytes())
         if held != marker.to_bytes():
             return self._held(key, held)
-        for index, chunk in enumerate(chunks):
-            self.store.set(chunk_key(key, index), chunk)
+        self._post_chunks(key, chunks)
         return body
 
     def _held(self, key: str, value: bytes) -> Any:
@@ -129,20 +135,25 @@ class StoreRound:
                 bodies[name] = json.loads(resolved)
         return bodies, [n for n in names if n in missing]
 
-    def forget(self, names: Sequence[str]) -> None:
-        """Delete the keys of ``names`` and any chunks of theirs (a missing key is no error)."""
+    def forget(self, names: Sequence[str], *, final: bool = False) -> None:
+        """Delete the keys of ``names`` and any chunks of theirs (a missing key is no error);
+        ``final``: the round is over, its chunk counter goes too. A round that posted nothing in
+        chunks (almost every one) costs one read more, never a probe per name."""
         keys = [self.key(n) for n in names]
         self.store.delete(keys)
-        for key in keys:  # one delete each when there are none: far cheaper than reading the marker
-            index = 0
-            while self.store.delete_if_present(chunk_key(key, index)):
-                index += 1
+        if self.store.get_if_present(self.key(CHUNKED)) is not None:
+            for key in keys:
+                index = 0
+                while self.store.delete_if_present(chunk_key(key, index)):
+                    index += 1
+        if final:
+            self.store.delete([self.key(CHUNKED)])
 
     def leave(self, participants: int, names: Sequence[str], counter: str = "read") -> bool:
         """Count this participant out; the last of ``participants`` to leave deletes ``names`` and
         the counter (nobody reads them any more). True for the last one."""
         if self.store.add(self.key(counter), 1) == participants:
-            self.forget([*names, counter])
+            self.forget([*names, counter], final=True)
             return True
         return False
 

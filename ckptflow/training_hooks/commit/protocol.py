@@ -185,4 +185,4 @@ class CommitRound:
         Called by the last node to acknowledge, and by the coordinator at its next save for a round
         a node never acknowledged (it died): a new save starts only once every rank has finished
         the previous one, so nobody reads them any more either way."""
-        self._round.forget([*self._round_names(), "read"])
+        self._round.forget([*self._round_names(), "read"], final=True)
