@@ -140,7 +140,7 @@ class PartRuns:
     def _untaken(self, key: ahead.Key) -> None:
         """Work started ahead that no flow run took (its creation failed: the Prefect server is
         down): it still ran; its failure is reported here, its result logged."""
-        untaken = ahead.forget(key)
+        untaken = ahead.take(key)
         if untaken is None:
             return
         name, run, step, _ = key

@@ -1,8 +1,8 @@
 """``promote-part``: one node's share of promoting a checkpoint, run on that node by its agent.
 
-Triggered by ``ckptflow.checkpoint.staged`` through the node's own deployment, or started by the
-node's agent the moment the node's part is committed on its disk (``--on-commit watch``: see
-:mod:`ckptflow.agent`). The
+Started by the node's agent the moment the node's part is committed on its disk (the default; with
+``ckptflow agent --on-commit event``, by ``ckptflow.checkpoint.staged`` through the node's own
+deployment: see :mod:`ckptflow.agent`). The
 node copies the files of the parts it holds whole that the first colder tier (warm) still lacks
 there (:func:`~ckptflow.pipeline.part.plan_part`: a file of another node's part, such as node 0's
 ``.metadata``, is that part's holder's to copy) in batches, each

@@ -1,7 +1,8 @@
 """``replicate-part``: copy what this node holds of a decided checkpoint to its peers' NVMe.
 
-Started, like ``promote-part``, by the staged event through the node's own deployment or by the
-node's agent at the commit (see :mod:`ckptflow.agent`), so it runs on the node that holds the part,
+Started, like ``promote-part``, by the node's agent at the commit (the default; with ``ckptflow agent
+--on-commit event``, by the staged event through the node's own deployment: see
+:mod:`ckptflow.agent`), so it runs on the node that holds the part,
 in parallel with the promotion to warm and off the training path. Each part goes to the
 ``replication.factor - 1`` peers ``ckptflow.peer.peers_for`` names, over the authenticated peer
 transport, every file verified on receipt; the catalog records each copy (``PartReplica``). A peer

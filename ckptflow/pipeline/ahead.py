@@ -31,11 +31,7 @@ def start(pool: ThreadPoolExecutor, key: Key, work: Callable[[], Any]) -> Future
 
 
 def take(key: Key) -> Future[Any] | None:
-    """The work started ahead for ``key`` (once: it is unregistered), or None if none was."""
+    """The work started ahead for ``key`` (once: it is unregistered), or None if none was (or it
+    was taken already): the flow run's task takes it; the agent takes what no flow run did."""
     with _lock:
         return _started.pop(key, None)
-
-
-def forget(key: Key) -> Future[Any] | None:
-    """Unregister the work of ``key`` if no flow run took it; returns it then."""
-    return take(key)

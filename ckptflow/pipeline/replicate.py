@@ -161,7 +161,7 @@ def _push(
     timeout_s: float,
     retries: int,
     bucket: Pacer | None,
-    fetching: Callable[[int], bool] = lambda _step: False,
+    fetching: Callable[[int], bool],
 ) -> None:
     """Push the part to the peer, unless the peer already holds ``KEEP_STEPS`` newer steps of it (a
     late run: the copy would be pruned the moment it arrived); then prune the peer's older ones,
@@ -217,7 +217,7 @@ def _prune(
     run: str,
     part_id: PartId,
     held: list[int],
-    fetching: Callable[[int], bool] = lambda _step: False,
+    fetching: Callable[[int], bool],
 ) -> list[int]:
     """Remove the peer's copies of ``part_id`` older than its newest ``KEEP_STEPS`` (``held``: the
     steps it holds, from :func:`_peer_steps`, and the one just sent), except those a restore is
