@@ -236,3 +236,70 @@ def test_work_started_ahead_that_no_flow_run_took_still_ran_and_its_failure_is_r
     assert pushed == [1, 2]
     failures = [(f[2], type(f[3]).__name__) for f in runs.failures]
     assert failures == [(1, "ConnectionError"), (2, "ConnectionError"), (2, "OSError")]
+
+
+def test_the_work_of_each_commit_starts_at_the_commit_not_when_its_flow_runs_lane_is_free() -> None:
+    """A flow run held up by Prefect's bookkeeping (its lane busy) does not hold up the next commit's
+    copy: the work is submitted at the commit to its own pool."""
+    from ckptflow.pipeline import ahead
+
+    gate = threading.Event()
+    worked: list[int] = []
+
+    def copy(config_path: str, run: str, step: int, host: str) -> int:
+        worked.append(step)
+        return step
+
+    def flow(**kw: object) -> int:
+        gate.wait(10)  # step 1's run: a busy Prefect server
+        taken = ahead.take(("promote-part", kw["run"], kw["step"], kw["node"]))  # type: ignore[arg-type]
+        assert taken is not None
+        return taken.result()
+
+    runs = PartRuns("c.yaml", "n", replicate=False, limit=1, flows={"promote-part": flow},
+                    ahead_work={"promote-part": copy})  # fmt: skip
+    first = runs.on_commit("llm", 1)
+    second = runs.on_commit("llm", 2)  # its lane waits behind step 1's run
+    deadline = time.monotonic() + 10
+    while worked != [1, 2] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert worked == [1, 2]  # both copies ran while step 1's flow run still waited
+    gate.set()
+    assert [f.result(timeout=30) for f in [*first, *second]] == [1, 2]
+    runs.close()
+    assert [w[2] for w in runs.work_started] == [1, 2] and list(runs.failures) == []
+
+
+def test_a_replication_whose_work_has_not_begun_is_dropped_with_its_flow_run_at_the_next_commit() -> None:
+    from ckptflow.pipeline import ahead
+
+    gate = threading.Event()
+    pushing = threading.Event()
+    pushed: list[int] = []
+    recorded: list[int] = []
+
+    def push(config_path: str, run: str, step: int, host: str) -> int:
+        if step == 1:
+            pushing.set()
+            gate.wait(10)
+        pushed.append(step)
+        return step
+
+    def flow(**kw: object) -> int:
+        taken = ahead.take(("replicate-part", kw["run"], kw["step"], kw["node"]))  # type: ignore[arg-type]
+        assert taken is not None
+        recorded.append(taken.result())
+        return recorded[-1]
+
+    runs = PartRuns("c.yaml", "n", replicate=True, limit=1, flows={"replicate-part": flow},
+                    ahead_work={"replicate-part": push})  # fmt: skip
+    futures = runs.on_commit("llm", 1)
+    assert pushing.wait(10)  # step 1's push is under way: it is never dropped
+    futures += runs.on_commit("llm", 2)  # waits behind it...
+    futures += runs.on_commit("llm", 3)  # ...and is dropped here
+    gate.set()
+    assert [f.result(timeout=30) for f in futures] == [1, None, 3]
+    runs.close()
+    assert pushed == [1, 3] and recorded == [1, 3]
+    assert [(d[0], d[2], d[3]) for d in runs.dropped] == [("replicate-part", 2, 3)]
+    assert ahead.take(("replicate-part", "llm", 2, "n")) is None  # nothing left registered
