@@ -4,6 +4,10 @@ The catalog records what happened to each checkpoint and each of its copies; the
 the truth and the catalog can be rebuilt from it (:mod:`ckptflow.catalog.sync`). States only change
 through :mod:`ckptflow.catalog.transitions`.
 
+Byte counts are 64-bit (``BigInteger``): SQLModel makes a plain ``int`` PostgreSQL's 32-bit
+``INTEGER``, which refuses 2 GiB and more (one shard file of a large job). A catalog created before
+that is widened by :mod:`ckptflow.catalog.schema`.
+
 Tables carry a ``ckptflow_`` prefix because the catalog may share a PostgreSQL database with other
 services. States are stored as short strings (not native PostgreSQL enums) so adding a state never
 needs an ``ALTER TYPE``. Every timestamp is timezone-aware UTC on both SQLite and PostgreSQL.
@@ -16,7 +20,7 @@ import enum
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Dialect, Index, UniqueConstraint, text
+from sqlalchemy import JSON, BigInteger, DateTime, Dialect, Index, UniqueConstraint, text
 from sqlalchemy import Enum as SAEnum
 from sqlalchemy.orm import configure_mappers
 from sqlalchemy.types import TypeDecorator
@@ -128,7 +132,7 @@ class Checkpoint(SQLModel, table=True):
     save_id: str
     state: CheckpointState = Field(default=CheckpointState.WRITING, sa_type=_state_type(CheckpointState))
     world_size: int = 0  # 0 = unknown (an abandon recorded without its writing row)
-    bytes: int = 0
+    bytes: int = Field(default=0, sa_type=BigInteger)
     file_count: int = 0
     manifest_checksum: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict, sa_type=JSON)
@@ -151,7 +155,7 @@ class Replica(SQLModel, table=True):
     tier: str
     uri: str
     state: ReplicaState = Field(default=ReplicaState.PENDING, sa_type=_state_type(ReplicaState))
-    bytes: int = 0
+    bytes: int = Field(default=0, sa_type=BigInteger)
     verified_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     reason: str | None = None
@@ -176,7 +180,7 @@ class PartReplica(SQLModel, table=True):
     tier: str = "hot"
     uri: str
     state: ReplicaState = Field(default=ReplicaState.READY, sa_type=_state_type(ReplicaState))
-    bytes: int = 0
+    bytes: int = Field(default=0, sa_type=BigInteger)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     reason: str | None = None
 
@@ -251,7 +255,7 @@ class DeletionAudit(SQLModel, table=True):
     step: int
     tier: str
     uri: str  # where the files are: the moved-aside (trash) location
-    bytes: int = 0
+    bytes: int = Field(default=0, sa_type=BigInteger)
     policy_hash: str
     rule: str
     reason: str
@@ -287,7 +291,7 @@ class CheckpointFile(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     checkpoint_id: int = Field(foreign_key="ckptflow_checkpoint.id", index=True)
     path: str  # relative to the checkpoint directory
-    bytes: int
+    bytes: int = Field(sa_type=BigInteger)
     checksum: str  # base64 CRC64NVME, the form S3 reports
     rank: int = 0
 

@@ -2,12 +2,13 @@
 
 Many processes open the same catalog at once (every rank of a job, every task of a flow run), so
 creation is safe to race (PostgreSQL: under an advisory lock) and done once per process and catalog
-(:mod:`ckptflow.catalog.schema_cache`). Upgrades are additive only: nothing is dropped or rewritten.
+(:mod:`ckptflow.catalog.schema_cache`). Upgrades are additive only: nothing is dropped, and the one
+rewrite is a widening (32-bit byte counts made 64-bit on PostgreSQL: every value still fits).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, text
+from sqlalchemy import BigInteger, Connection, Integer, text
 from sqlalchemy import inspect as sa_inspect
 from sqlmodel import SQLModel
 
@@ -34,6 +35,8 @@ def create_tables(url: str) -> None:
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
         SQLModel.metadata.create_all(conn, tables=TABLES)
         _add_missing_columns(conn)
+        if engine.dialect == "postgresql":
+            _widen_byte_counts(conn)
     remember_schema(url)
 
 
@@ -44,3 +47,19 @@ def _add_missing_columns(conn: Connection) -> None:
         for name, ddl in columns.items():
             if name not in present:
                 conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {ddl}"))
+
+
+def _widen_byte_counts(conn: Connection) -> None:
+    """PostgreSQL: make every 64-bit column of the models that an older ckptflow created as 32-bit
+    ``INTEGER`` (its byte counts: a checkpoint, a replica or one file of 2 GiB and more raised
+    ``DataError``) ``BIGINT``. SQLite needs nothing: its integers are 64-bit whatever the declared type."""
+    inspector = sa_inspect(conn)
+    for table in TABLES:
+        wide = [c.name for c in table.columns if isinstance(c.type, BigInteger)]
+        if not wide:
+            continue
+        found = {c["name"]: c["type"] for c in inspector.get_columns(table.name)}
+        for name in wide:
+            kind = found.get(name)
+            if isinstance(kind, Integer) and not isinstance(kind, BigInteger):
+                conn.execute(text(f"ALTER TABLE {table.name} ALTER COLUMN {name} TYPE BIGINT"))
